@@ -1,0 +1,112 @@
+"""One exception hierarchy for the whole library, rooted at :class:`PawnQueueError`.
+
+Errors from boto3, the file system or the network are translated at the storage
+boundary into :class:`StorageError` subclasses; nothing else escapes. Messages never
+contain credentials.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PawnQueueError",
+    "ConfigError",
+    "TopicNotFoundError",
+    "InvalidTopicName",
+    "PayloadError",
+    "PublishError",
+    "RegistrationError",
+    "StorageError",
+    "ObjectNotFound",
+    "ConditionFailed",
+    "StoreUnavailable",
+    "ProbeError",
+    "LeaseLostError",
+    "LeaseConflictError",
+]
+
+
+class PawnQueueError(Exception):
+    """Root of every exception this library raises on purpose."""
+
+
+class ConfigError(PawnQueueError, ValueError):
+    """A configuration value is missing or invalid; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+class TopicNotFoundError(PawnQueueError, LookupError):
+    """The topic has no marker object: create it first with ``create_topic``."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} does not exist; call create_topic({topic!r}) first")
+
+
+class InvalidTopicName(PawnQueueError, ValueError):
+    """A topic name that could escape its prefix or confuse listings."""
+
+    def __init__(self, topic: object, reason: str) -> None:
+        self.topic = topic
+        super().__init__(f"invalid topic name {topic!r}: {reason}")
+
+
+class PayloadError(PawnQueueError, ValueError):
+    """A payload that cannot be published: not JSON-serialisable, or too large."""
+
+
+class PublishError(PawnQueueError):
+    """A message could not be written; nothing was published for it."""
+
+
+class RegistrationError(PawnQueueError):
+    """A producer or consumer could not be registered."""
+
+
+class StorageError(PawnQueueError):
+    """The object store failed or answered something unusable.
+
+    ``cause`` keeps a short description of the underlying error (never credentials).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        self.key = key
+        super().__init__(message if key is None else f"{message} (key={key!r})")
+
+
+class ObjectNotFound(StorageError, KeyError):
+    """The key does not exist."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return Exception.__str__(self)
+
+
+class ConditionFailed(StorageError):
+    """A conditional request (If-None-Match / If-Match) did not hold."""
+
+
+class StoreUnavailable(StorageError):
+    """The store could not be reached or refused our credentials."""
+
+
+class ProbeError(StorageError):
+    """The capability probe at setup could not decide; never silently ignored."""
+
+
+class LeaseConflictError(PawnQueueError):
+    """Another consumer holds the lease for this message."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        super().__init__(f"message {message_id!r} is leased by another consumer")
+
+
+class LeaseLostError(PawnQueueError):
+    """Our lease expired and was taken, or was removed: we must not act on the message."""
+
+    def __init__(self, message_id: str, detail: str = "") -> None:
+        self.message_id = message_id
+        text = f"lease on message {message_id!r} is no longer ours"
+        super().__init__(f"{text}: {detail}" if detail else text)
