@@ -1,0 +1,61 @@
+"""pawn-queue-sync: a durable pub/sub queue on any S3-compatible object store, for
+code that blocks (scripts, process pools, Spark executors). No broker to deploy.
+
+    from pawn_queue_sync import PawnQueue
+
+    with PawnQueue.from_config("config.yaml") as pq:
+        pq.create_topic("orders")
+        pq.register_producer("order-service").publish("orders", {"order_id": 42})
+        consumer = pq.register_consumer("billing", topics=["orders"])
+        for msg in consumer.poll():
+            print(msg.payload)
+            msg.ack()
+"""
+
+from .config import PawnQueueBuilder, PawnQueueConfig, load_config
+from .errors import (
+    ConfigError,
+    InvalidTopicName,
+    LeaseConflictError,
+    LeaseLostError,
+    PawnQueueError,
+    PayloadError,
+    ProbeError,
+    PublishError,
+    RegistrationError,
+    StorageError,
+    StoreUnavailable,
+    TopicNotFoundError,
+)
+from .queue.consumer import Consumer
+from .queue.core import PawnQueue
+from .queue.message import Message
+from .queue.producer import Producer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # entry points
+    "PawnQueue",
+    "PawnQueueBuilder",
+    "PawnQueueConfig",
+    "load_config",
+    # roles
+    "Producer",
+    "Consumer",
+    "Message",
+    # errors
+    "PawnQueueError",
+    "ConfigError",
+    "InvalidTopicName",
+    "TopicNotFoundError",
+    "PayloadError",
+    "PublishError",
+    "RegistrationError",
+    "StorageError",
+    "StoreUnavailable",
+    "ProbeError",
+    "LeaseLostError",
+    "LeaseConflictError",
+    "__version__",
+]

@@ -1,0 +1,200 @@
+"""Leases: who may process a message, for how long, and how that is proven.
+
+A lease is the object ``{topic}/leases/{message_id}.lease`` holding pawn-queue's JSON
+(``consumer_id``, ``message_id``, ``claimed_at``, ``expires_at``, ``nonce``). Its ETag is
+the *lease token*: refresh, ack and nack act only while the stored lease still has our
+token (fencing).
+
+Staleness is judged by the server's clock only: a lease is stale when the server's
+current time (the Date of a response) is more than ``visibility_timeout`` past the
+lease object's LastModified. A skewed client clock therefore neither steals a live
+lease nor keeps a dead one. ``expires_at`` is still written for pawn-queue readers.
+
+Every protocol here is a generator of effects (see :mod:`.effects`), so it runs
+unchanged against a real store and against the simulated one in the tests.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from datetime import datetime, timedelta
+from typing import Literal
+
+import attrs
+
+from ..encoding import canonical_json, iso, md5_hex
+from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound
+from .effects import Delete, Head, Protocol, Put, Sleep
+
+Strategy = Literal["conditional_write", "csprng_verify"]
+
+#: Extra seconds a lease must be past its visibility timeout before anyone removes it;
+#: absorbs the one-second resolution of LastModified and Date.
+STALE_GRACE_SECONDS = 1.0
+
+
+@attrs.frozen
+class CsprngSettings:
+    """The knobs of the csprng_verify claim (milliseconds)."""
+
+    jitter_min_ms: int = 100
+    jitter_max_ms: int = 400
+    verify_retries: int = 2
+    verify_retry_delay_ms: int = 150
+
+
+@attrs.frozen
+class Capabilities:
+    """What the server honours, found by the probe at setup."""
+
+    if_none_match: bool
+    if_match: bool
+
+    @property
+    def strategy(self) -> Strategy:
+        return "conditional_write" if self.if_none_match else "csprng_verify"
+
+
+@attrs.frozen
+class LeaseBody:
+    """The lease object's content, byte-compatible with pawn-queue's ``LeaseContent``."""
+
+    consumer_id: str
+    message_id: str
+    claimed_at: str
+    expires_at: str
+    nonce: str
+
+    @classmethod
+    def new(
+        cls, consumer_id: str, message_id: str, now: datetime, visibility: float,
+        claimed_at: str | None = None,
+    ) -> LeaseBody:
+        return cls(
+            consumer_id=consumer_id,
+            message_id=message_id,
+            claimed_at=claimed_at or iso(now),
+            expires_at=iso(now + timedelta(seconds=visibility)),
+            nonce=secrets.token_hex(32),
+        )
+
+    def encode(self) -> bytes:
+        return canonical_json(attrs.asdict(self))
+
+    @property
+    def token(self) -> str:
+        """The ETag the server will give these bytes."""
+        return md5_hex(self.encode())
+
+
+def is_stale(last_modified: datetime, server_now: datetime, visibility: float) -> bool:
+    """True when a lease last written at ``last_modified`` has expired by the server's
+    clock ``server_now``; a lease is never stale under its visibility timeout."""
+    age = (server_now - last_modified).total_seconds()
+    return age > visibility + STALE_GRACE_SECONDS
+
+
+# -- claims ---------------------------------------------------------------------------
+
+
+def claim_conditional(key: str, body: LeaseBody) -> Protocol[str | None]:
+    """Claim with ``If-None-Match: *``: the server lets exactly one writer create the
+    lease. Returns our token, or None when someone else holds it."""
+    try:
+        result = yield Put(key, body.encode(), if_none_match=True)
+    except ConditionFailed:
+        return None
+    return result.etag or body.token
+
+
+def claim_csprng(
+    key: str, body: LeaseBody, settings: CsprngSettings, rng: random.Random | None = None
+) -> Protocol[str | None]:
+    """Claim on a server without conditional writes (pawn-queue's 4 steps).
+
+    1. check the key is free, then write our bytes (a 256-bit nonce makes them unique);
+    2. sleep a random jitter in [jitter_min, jitter_max] so rival writes land;
+    3. verify the stored ETag is ours ``verify_retries + 1`` times;
+    4. sleep ``jitter_min`` more and confirm once more.
+
+    Safe when every request's one-way delay is below ``jitter_min_ms`` (see
+    docs/guarantees.md); returns our token, or None when we lost.
+    """
+    rng = rng or random.SystemRandom()
+    token = body.token
+    try:
+        yield Head(key)
+    except ObjectNotFound:
+        pass
+    else:
+        return None  # someone holds it already: never overwrite a lease blindly
+    yield Put(key, body.encode())
+    yield Sleep(rng.uniform(settings.jitter_min_ms, settings.jitter_max_ms) / 1000.0)
+    for attempt in range(settings.verify_retries + 1):
+        if attempt:
+            yield Sleep(settings.verify_retry_delay_ms / 1000.0)
+        if not (yield from _still_ours(key, token)):
+            return None
+    yield Sleep(settings.jitter_min_ms / 1000.0)
+    if not (yield from _still_ours(key, token)):
+        return None
+    return token
+
+
+def _still_ours(key: str, token: str) -> Protocol[bool]:
+    try:
+        info = yield Head(key)
+    except ObjectNotFound:
+        return False
+    return bool(info.etag == token)
+
+
+def claim(
+    strategy: Strategy, key: str, body: LeaseBody, settings: CsprngSettings,
+    rng: random.Random | None = None,
+) -> Protocol[str | None]:
+    """The claim protocol for ``strategy``."""
+    if strategy == "conditional_write":
+        return claim_conditional(key, body)
+    return claim_csprng(key, body, settings, rng)
+
+
+# -- acting on a held lease ----------------------------------------------------------------
+
+
+def refresh(key: str, token: str, body: LeaseBody, caps: Capabilities) -> Protocol[str]:
+    """Rewrite our lease (new ``expires_at``, new LastModified) only if it is still ours.
+    Returns the new token; raises LeaseLostError otherwise."""
+    if caps.if_match:
+        try:
+            result = yield Put(key, body.encode(), if_match=token)
+        except ConditionFailed:
+            raise LeaseLostError(body.message_id, "refresh found another lease") from None
+        return result.etag or body.token
+    # No If-Match on this server: verify, then write, then verify our write survived.
+    if not (yield from _still_ours(key, token)):
+        raise LeaseLostError(body.message_id, "refresh found another lease")
+    yield Put(key, body.encode())
+    if not (yield from _still_ours(key, body.token)):
+        raise LeaseLostError(body.message_id, "lease overwritten during refresh")
+    return body.token
+
+
+def release(key: str, token: str, caps: Capabilities) -> Protocol[bool]:
+    """Delete our lease if it is still ours; True if we deleted it."""
+    if caps.if_match:
+        try:
+            yield Delete(key, if_match=token)
+        except ConditionFailed:
+            return False
+        return True
+    if not (yield from _still_ours(key, token)):
+        return False
+    yield Delete(key)
+    return True
+
+
+def reap(key: str, etag: str, caps: Capabilities) -> Protocol[bool]:
+    """Janitor: remove a stale lease only if it is still the version judged stale."""
+    return release(key, etag, caps)

@@ -1,0 +1,453 @@
+"""Consumers: find pending messages, claim them under a lease, and settle them.
+
+A poll makes one LIST of the topic's leases (LIST metadata is enough to judge them by
+the server's clock), removes stale ones only if unchanged, makes one LIST of pending
+messages, then claims candidates in parallel on a thread pool: lease first, then the
+message body. A claim whose message has vanished (acked meanwhile) gives its lease
+back. Malformed or foreign objects are moved to the dead-letter prefix with a reason
+and never break a poll.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import random
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LeaseLostError, ObjectNotFound, PawnQueueError, StorageError
+from ..protocol import lease as leases
+from ..protocol.effects import run
+from . import layout
+from .context import Context
+from .message import Message
+from .registry import NAMESPACE, RegistryEntry
+
+if TYPE_CHECKING:
+    import threading as _threading
+
+log = logging.getLogger(__name__)
+
+_REQUIRED_FIELDS = ("id", "payload")
+#: How many stale leases one poll removes at most (the rest wait for the next poll).
+_REAP_PER_POLL = 200
+
+
+class Consumer:
+    """Consumes one or more topics under a registered, stable consumer id."""
+
+    def __init__(self, ctx: Context, entry: RegistryEntry, topics: Sequence[str]) -> None:
+        if isinstance(topics, str):
+            topics = [topics]
+        if not topics:
+            raise ValueError("a consumer needs at least one topic")
+        for topic in topics:
+            ctx.require_topic(topic)
+        self._ctx = ctx
+        self._entry = entry
+        self._topics = list(dict.fromkeys(topics))
+        self._rr = 0
+        self._rng = random.SystemRandom()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Message] = {}
+
+    # -- identity ---------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._entry.entity_id
+
+    @property
+    def name(self) -> str:
+        return self._entry.name
+
+    @property
+    def topics(self) -> list[str]:
+        return list(self._topics)
+
+    @property
+    def context(self) -> Context:
+        return self._ctx
+
+    def __repr__(self) -> str:
+        return f"Consumer(name={self.name!r}, id={self.id!r}, topics={self._topics!r})"
+
+    def inflight(self) -> list[Message]:
+        """Messages this consumer holds a lease on and has not settled yet."""
+        with self._lock:
+            return list(self._inflight.values())
+
+    # -- polling --------------------------------------------------------------------------
+
+    def poll(self, max_messages: int | None = None) -> list[Message]:
+        """Claim up to ``max_messages`` (default ``polling.max_messages_per_poll``)
+        messages, oldest first within a topic; topics take turns being first."""
+        want = max_messages or self._ctx.config.polling.max_messages_per_poll
+        got: list[Message] = []
+        start = self._rr
+        self._rr = (self._rr + 1) % len(self._topics)
+        for i in range(len(self._topics)):
+            if len(got) >= want:
+                break
+            topic = self._topics[(start + i) % len(self._topics)]
+            got.extend(self._poll_topic(topic, want - len(got)))
+        return got
+
+    def _poll_topic(self, topic: str, want: int) -> list[Message]:
+        live = self._live_leases(topic)
+        listing = self._ctx.store.list(layout.messages_prefix(topic), limit=want + len(live) + 8)
+        candidates: list[tuple[str, str]] = []
+        for info in listing.objects:
+            mid = layout.parse_message_key(topic, info.key)
+            if mid is None:
+                self._quarantine_foreign(topic, info.key, info.size)
+            elif mid not in live:
+                candidates.append((info.key, mid))
+            if len(candidates) >= want:
+                break
+        if not candidates:
+            return []
+        if len(candidates) == 1:
+            results = [self._claim_safely(topic, *candidates[0])]
+        else:
+            threads = self._ctx.config.polling.claim_threads
+            pool = self._ctx.pool("claim", threads)
+            futures = [pool.submit(self._claim_safely, topic, k, m) for k, m in candidates]
+            results = [f.result() for f in futures]
+        return [m for m in results if m is not None]
+
+    def _live_leases(self, topic: str) -> set[str]:
+        """Ids of messages under a live lease; stale leases are reaped if unchanged.
+        A lease we cannot judge counts as live: an error never frees a message."""
+        listing = self._ctx.store.list(layout.leases_prefix(topic))
+        now = listing.server_time or self._ctx.store.server_time()
+        live: set[str] = set()
+        reaped = 0
+        for info in listing.objects:
+            mid = layout.lease_message_id(topic, info.key)
+            if mid is None:
+                continue
+            if not leases.is_stale(info.last_modified, now, self._ctx.visibility):
+                live.add(mid)
+                continue
+            if reaped >= _REAP_PER_POLL:
+                live.add(mid)
+                continue
+            try:
+                if run(leases.reap(info.key, info.etag, self._ctx.caps), self._ctx.store,
+                       self._ctx.clock):
+                    reaped += 1
+                    log.info("reaped stale lease on %s/%s", topic, mid)
+                else:
+                    live.add(mid)  # refreshed or replaced meanwhile
+            except StorageError as exc:
+                log.warning("could not reap lease %s: %s", info.key, exc)
+                live.add(mid)
+        return live
+
+    def _claim_safely(self, topic: str, key: str, mid: str) -> Message | None:
+        try:
+            return self._claim(topic, key, mid)
+        except StorageError as exc:
+            log.warning("claim of %s failed: %s", key, exc)
+            return None
+
+    def _claim(self, topic: str, key: str, mid: str) -> Message | None:
+        ctx = self._ctx
+        lease_key = layout.lease_key(topic, mid)
+        body = leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility)
+        started = ctx.clock.monotonic()
+        token = run(
+            leases.claim(ctx.caps.strategy, lease_key, body, ctx.csprng, self._rng),
+            ctx.store,
+            ctx.clock,
+        )
+        if token is None:
+            return None
+        try:
+            got = ctx.store.get(key)
+        except ObjectNotFound:  # acked by someone else between our listing and our claim
+            self._drop_lease(lease_key, token)
+            return None
+        except StorageError:
+            self._drop_lease(lease_key, token)
+            raise
+        try:
+            doc = _decode_message(got.body, mid)
+        except ValueError as exc:
+            self._quarantine(topic, key, got.body, f"malformed message: {exc}", mid)
+            self._drop_lease(lease_key, token)
+            return None
+        attempts = doc.get("attempts", 0)
+        msg = Message(
+            id=mid,
+            topic=topic,
+            producer_id=doc.get("producer_id"),
+            created_at=str(doc.get("created_at", "")),
+            payload=doc["payload"],
+            key=key,
+            lease_key=lease_key,
+            lease_token=token,
+            lease_written_at=started,
+            delivery_count=(attempts if isinstance(attempts, int) else 0) + 1,
+            body=doc,
+            etag=got.etag,
+            consumer=self,
+        )
+        with self._lock:
+            self._inflight[mid] = msg
+        return msg
+
+    def _drop_lease(self, lease_key: str, token: str) -> None:
+        try:
+            run(leases.release(lease_key, token, self._ctx.caps), self._ctx.store,
+                self._ctx.clock)
+        except StorageError as exc:  # it will go stale and be reaped
+            log.warning("could not give back lease %s: %s", lease_key, exc)
+
+    # -- settling ---------------------------------------------------------------------------
+
+    def ack(self, msg: Message) -> None:
+        """Delete a message we hold (then its lease). See :meth:`ack_many`."""
+        self.ack_many([msg])
+
+    def ack_many(self, msgs: Iterable[Message]) -> None:
+        """Delete messages we hold, in as few requests as fencing allows: messages first,
+        then their leases, so nobody can claim a message whose ack is under way.
+
+        A lease still well inside its visibility timeout is ours by construction (no one
+        removes a lease before it is stale), so its message is deleted without asking;
+        an older one is first re-proven with a conditional refresh. Raises
+        LeaseLostError (after acking the others) if any lease was lost.
+        """
+        todo: list[Message] = []
+        lost: list[Message] = []
+        for msg in msgs:
+            with msg._lock:
+                if msg.state == "acked" or msg.state == "nacked":
+                    continue
+                if msg.state != "leased":
+                    lost.append(msg)
+                    continue
+                try:
+                    self._fence(msg)
+                except LeaseLostError:
+                    lost.append(msg)
+                    continue
+                todo.append(msg)
+        if todo:
+            self._delete([m.key for m in todo])
+            for msg in todo:
+                self._settled(msg, "acked")
+            try:
+                self._delete([m.lease_key for m in todo])
+            except StorageError as exc:  # harmless: orphan leases go stale and are reaped
+                log.warning("acked, but could not delete %d lease(s): %s", len(todo), exc)
+        if lost:
+            raise LeaseLostError(lost[0].id, f"{len(lost)} message(s) not acked")
+
+    def nack(self, msg: Message, reason: str | None = None) -> None:
+        """Write the message to the dead-letter prefix with ``reason``, then delete it
+        and its lease. If the dead-letter write fails, nothing is deleted."""
+        with msg._lock:
+            if msg.state in ("acked", "nacked"):
+                return
+            if msg.state != "leased":
+                raise LeaseLostError(msg.id, f"message was {msg.state}")
+            self._fence(msg)
+            doc = dict(msg.body)
+            doc["dead_letter"] = {
+                "reason": reason or "nacked",
+                "consumer_id": self.id,
+                "at": layout.iso(self._ctx.clock.now()),
+                "delivery_count": msg.delivery_count,
+                "original_key": msg.key,
+            }
+            self._ctx.store.put(
+                layout.dead_letter_key(msg.topic, msg.id), layout.canonical_json(doc)
+            )
+            self._ctx.store.delete(msg.key)
+            self._settled(msg, "nacked")
+        self._drop_lease(msg.lease_key, msg.lease_token)
+
+    def release(self, msg: Message) -> None:
+        """Give the lease back so the message is delivered again at once."""
+        with msg._lock:
+            if msg.state != "leased":
+                return
+            self._settled(msg, "released")
+        self._drop_lease(msg.lease_key, msg.lease_token)
+
+    def retry(self, msg: Message, error: str | None = None) -> None:
+        """Record a failed attempt on the message itself, then release it.
+
+        The count travels with the message (an ``attempts`` field), so any consumer
+        that takes it next knows its ``delivery_count``.
+        """
+        with msg._lock:
+            if msg.state != "leased":
+                return
+            self._fence(msg)
+            doc = dict(msg.body)
+            doc["attempts"] = msg.delivery_count
+            if error is not None:
+                doc["last_error"] = error[:2000]
+            if_match = msg.etag if self._ctx.caps.if_match and msg.etag else None
+            self._ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match)
+            self._settled(msg, "released")
+        self._drop_lease(msg.lease_key, msg.lease_token)
+
+    def refresh(self, msg: Message) -> None:
+        """Extend our lease by a visibility timeout, proving it is still ours."""
+        with msg._lock:
+            if msg.state != "leased":
+                raise LeaseLostError(msg.id, f"message was {msg.state}")
+            ctx = self._ctx
+            body = leases.LeaseBody.new(
+                self.id, msg.id, ctx.clock.now(), ctx.visibility, claimed_at=None
+            )
+            started = ctx.clock.monotonic()
+            try:
+                token = run(
+                    leases.refresh(msg.lease_key, msg.lease_token, body, ctx.caps),
+                    ctx.store,
+                    ctx.clock,
+                )
+            except LeaseLostError:
+                self._settled(msg, "lost")
+                raise
+            msg.lease_token = token
+            msg.lease_written_at = started
+
+    def lease_age(self, msg: Message) -> float:
+        """Seconds since our current lease version was written (by the local clock)."""
+        return self._ctx.clock.monotonic() - msg.lease_written_at
+
+    @contextmanager
+    def leased(self, msg: Message) -> Iterator[Message]:
+        """Keep ``msg``'s lease refreshed while the block runs (for long work in pull
+        mode); the refresher thread is stopped and joined when the block ends."""
+        from ..runtime.refresher import LeaseRefresher
+
+        interval = self._ctx.config.polling.lease_refresh_interval_seconds
+        refresher = LeaseRefresher(self, interval=interval)
+        refresher.track(msg)
+        refresher.start()
+        try:
+            yield msg
+        finally:
+            refresher.stop()
+
+    def listen(
+        self,
+        handler: Callable[[Message], Any],
+        *,
+        max_workers: int = 4,
+        stop_event: _threading.Event | None = None,
+    ) -> None:
+        """Block, handing each message to ``handler`` on a thread pool, until
+        :meth:`stop`, ``stop_event`` or an error. See :mod:`pawn_queue_sync.runtime`."""
+        from ..runtime.listen import Listener
+
+        listener = Listener(self, handler, max_workers=max_workers, stop_event=stop_event)
+        with self._lock:
+            self._listener = listener
+        try:
+            listener.run()
+        finally:
+            with self._lock:
+                self._listener = None
+
+    def stop(self) -> None:
+        """Ask a running :meth:`listen` to stop gracefully."""
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop()
+
+    def janitor(self, topic: str | None = None) -> int:
+        """Remove stale leases now; returns how many leases are live afterwards."""
+        return sum(len(self._live_leases(t)) for t in ([topic] if topic else self._topics))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _fence(self, msg: Message) -> None:
+        """Make sure the lease is ours before acting: recent enough by the local
+        monotonic clock, or re-proven with a conditional refresh."""
+        if self.lease_age(msg) < self._ctx.visibility - self._ctx.fence_margin():
+            return
+        self.refresh(msg)
+
+    def _settled(self, msg: Message, state: Any) -> None:
+        msg.state = state
+        with self._lock:
+            self._inflight.pop(msg.id, None)
+
+    def _delete(self, keys: list[str]) -> None:
+        if len(keys) == 1:
+            self._ctx.store.delete(keys[0])
+            return
+        failed = self._ctx.store.delete_many(keys)
+        if failed:
+            raise StorageError(f"could not delete {len(failed)} object(s)", key=failed[0])
+
+    def _quarantine_foreign(self, topic: str, key: str, size: int) -> None:
+        """Move an object that is not a message out of ``messages/``."""
+        try:
+            limit = 4 * self._ctx.config.publishing.max_payload_bytes
+            raw = self._ctx.store.get(key).body if size <= limit else None
+            self._quarantine(topic, key, raw, "foreign object: not a message key", None)
+        except ObjectNotFound:
+            pass
+        except StorageError as exc:
+            log.warning("could not move foreign object %s aside: %s", key, exc)
+
+    def _quarantine(
+        self, topic: str, key: str, raw: bytes | None, reason: str, mid: str | None
+    ) -> None:
+        """Dead-letter an unusable object with the reason, then delete the original."""
+        name = mid or str(uuid.uuid5(NAMESPACE, key))
+        dl_key = layout.dead_letter_key(topic, name)
+        doc: dict[str, Any] = {
+            "id": name,
+            "topic": topic,
+            "producer_id": None,
+            "created_at": layout.iso(self._ctx.clock.now()),
+            "payload": None,
+            "dead_letter": {
+                "reason": reason,
+                "original_key": key,
+                "consumer_id": self.id,
+                "at": layout.iso(self._ctx.clock.now()),
+            },
+        }
+        if raw is not None:
+            doc["dead_letter"]["raw_base64"] = base64.b64encode(raw).decode("ascii")
+            self._ctx.store.put(dl_key, layout.canonical_json(doc))
+        else:  # too large to inline: keep the bytes by a server-side copy
+            self._ctx.store.copy(key, dl_key)
+        self._ctx.store.delete(key)
+        log.warning("moved %s to %s: %s", key, dl_key, reason)
+
+
+def _decode_message(raw: bytes, mid: str) -> dict[str, Any]:
+    """Parse and check a message body; ValueError says what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    missing = [f for f in _REQUIRED_FIELDS if f not in doc]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    if doc["id"] != mid:
+        raise ValueError(f"id {doc['id']!r} does not match its key")
+    return doc
+
+
+__all__ = ["Consumer", "PawnQueueError"]

@@ -1,0 +1,227 @@
+"""PawnQueue: the entry point. Builds the store, probes what the server honours,
+and hands out topics, producers and consumers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..config import PawnQueueConfig, load_config
+from ..errors import (
+    ConditionFailed,
+    ConfigError,
+    ObjectNotFound,
+    ProbeError,
+    StorageError,
+    StoreUnavailable,
+)
+from ..protocol.lease import Capabilities
+from ..storage.base import Store
+from . import layout, registry, topics
+from .consumer import Consumer
+from .context import Context
+from .producer import Producer
+
+log = logging.getLogger(__name__)
+
+_WRONG_ETAG = "0" * 32
+
+
+class PawnQueue:
+    """A queue over one bucket (or local directory).
+
+    ``with PawnQueue.from_config(...) as pq:`` runs :meth:`setup` on enter and
+    :meth:`teardown` on exit; both may also be called directly.
+    """
+
+    def __init__(
+        self,
+        config: PawnQueueConfig | None = None,
+        *,
+        store: Store | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._config = config if config is not None else load_config(None)
+        self._given_store = store
+        self._clock = clock
+        self._ctx: Context | None = None
+
+    @classmethod
+    def from_config(
+        cls, source: str | os.PathLike[str] | dict[str, Any] | PawnQueueConfig | None = None
+    ) -> PawnQueue:
+        """A queue from a YAML path, a dict or a config object (env fills the gaps)."""
+        return cls(load_config(source))
+
+    @property
+    def config(self) -> PawnQueueConfig:
+        return self._config
+
+    def __repr__(self) -> str:
+        where = self._ctx.store.describe() if self._ctx else self._config.backend
+        return f"PawnQueue({where}, started={self._ctx is not None})"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def setup(self) -> PawnQueue:
+        """Connect, check the bucket, and probe conditional-request support. Idempotent."""
+        if self._ctx is not None:
+            return self
+        store = self._given_store or build_store(self._config)
+        try:
+            caps = probe(store)
+            wanted = self._config.concurrency.strategy
+            if wanted == "conditional_write" and not caps.if_none_match:
+                raise ConfigError(
+                    "concurrency.strategy",
+                    f"conditional_write was asked for, but {store.describe()} ignores "
+                    "If-None-Match; use csprng_verify or auto",
+                )
+            if wanted == "csprng_verify":
+                caps = Capabilities(if_none_match=False, if_match=caps.if_match)
+        except BaseException:
+            if self._given_store is None:
+                store.close()
+            raise
+        self._ctx = Context(store=store, config=self._config, caps=caps, clock=self._clock)
+        log.info("pawn-queue-sync ready on %s (strategy=%s, if_match=%s)",
+                 store.describe(), caps.strategy, caps.if_match)
+        return self
+
+    def teardown(self) -> None:
+        """Stop thread pools and close the store. Idempotent."""
+        ctx, self._ctx = self._ctx, None
+        if ctx is None:
+            return
+        ctx.close()
+        if self._given_store is None:
+            ctx.store.close()
+
+    close = teardown
+
+    def __enter__(self) -> PawnQueue:
+        return self.setup()
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    @property
+    def context(self) -> Context:
+        if self._ctx is None:
+            raise RuntimeError("PawnQueue is not set up: call setup() or use `with`")
+        return self._ctx
+
+    @property
+    def strategy(self) -> str:
+        return self.context.caps.strategy
+
+    @property
+    def store(self) -> Store:
+        return self.context.store
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def create_topic(self, topic: str) -> bool:
+        """Create a topic; idempotent. True if this call created it."""
+        return topics.create_topic(self.context, topic)
+
+    def list_topics(self) -> list[str]:
+        return topics.list_topics(self.context)
+
+    def topic_exists(self, topic: str) -> bool:
+        return topics.topic_exists(self.context, topic)
+
+    def topic_stats(self, topic: str) -> dict[str, int]:
+        """Counts of pending messages, leases and dead letters (three listings)."""
+        ctx = self.context
+        ctx.require_topic(topic)
+        return {
+            "pending": len(ctx.store.list(layout.messages_prefix(topic)).objects),
+            "leased": len(ctx.store.list(layout.leases_prefix(topic)).objects),
+            "dead_letter": len(ctx.store.list(layout.dead_letter_prefix(topic)).objects),
+        }
+
+    # -- producers and consumers --------------------------------------------------------------
+
+    def register_producer(self, name: str) -> Producer:
+        """A producer with a stable id for ``name`` (the same id every time)."""
+        return Producer(self.context, registry.register(self.context, "producers", name))
+
+    def register_consumer(self, name: str, topics: Sequence[str]) -> Consumer:
+        """A consumer with a stable id for ``name``, subscribed to existing ``topics``."""
+        if isinstance(topics, str):
+            topics = [topics]
+        for topic in topics:
+            self.context.require_topic(topic)
+        return Consumer(self.context, registry.register(self.context, "consumers", name), topics)
+
+    def list_registrations(self, role: registry.Role | None = None) -> list[registry.RegistryEntry]:
+        return registry.list_entries(self.context, role)
+
+
+def build_store(config: PawnQueueConfig) -> Store:
+    """The store the configuration asks for: S3 when an s3 section is given, else local."""
+    if config.s3 is not None:
+        from ..storage.s3 import S3Store
+
+        threads = config.polling.claim_threads + config.publishing.batch_threads + 8
+        s3 = S3Store(config.s3, max_pool_connections=threads)
+        try:
+            s3.ensure_bucket(create=config.s3.create_bucket)
+        except BaseException:
+            s3.close()
+            raise
+        return s3
+    from ..storage.local import LocalStore
+
+    return LocalStore(Path(config.local.path), fsync=config.local.fsync)
+
+
+def probe(store: Store) -> Capabilities:
+    """Find out whether the server honours If-None-Match and If-Match, on a scratch
+    object that is always removed. An unexpected error is a ProbeError, never a guess."""
+    key = layout.probe_key()
+    try:
+        store.put(key, b'{"probe":"a"}')
+    except StoreUnavailable:
+        raise  # unreachable, no bucket, bad credentials: say exactly that
+    except StorageError as exc:
+        raise ProbeError(f"capability probe failed on {store.describe()}: {exc}") from exc
+    try:
+        try:
+            store.put(key, b'{"probe":"b"}', if_none_match=True)
+            if_none_match = False
+        except ConditionFailed:
+            if_none_match = True
+        try:
+            store.put(key, b'{"probe":"c"}', if_match=_WRONG_ETAG)
+            if_match = False
+        except ConditionFailed:
+            if_match = True
+        if if_match:
+            try:
+                store.delete(key, if_match=_WRONG_ETAG)
+                if_match = False  # PUT honours it, DELETE does not: treat as unsupported
+            except ConditionFailed:
+                pass
+    except StorageError as exc:
+        raise ProbeError(f"capability probe failed on {store.describe()}: {exc}") from exc
+    finally:
+        _remove_probe(store, key)
+    return Capabilities(if_none_match=if_none_match, if_match=if_match)
+
+
+def _remove_probe(store: Store, key: str) -> None:
+    for _ in range(3):
+        try:
+            store.delete(key)
+            return
+        except ObjectNotFound:
+            return
+        except StorageError as exc:
+            last = exc
+    raise ProbeError(f"could not remove probe object {key}: {last}")

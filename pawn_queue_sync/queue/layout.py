@@ -1,0 +1,110 @@
+"""The bucket layout shared with pawn-queue 0.1.3, and the JSON encoding of objects.
+
+::
+
+    {topic}/.topic                               topic marker
+    {topic}/messages/{YYYYMMDDTHHMMSS_ffffff}-{uuid}.json   pending message
+    {topic}/leases/{uuid}.lease                  lease on a message
+    {topic}/dead-letter/{uuid}.json              dead-lettered message
+    _registry/{producers|consumers}/{uuid}.json  registrations
+    _probe/{uuid}.probe                          capability probe (always removed)
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime, timezone
+
+from ..encoding import canonical_json, iso, md5_hex  # noqa: F401  (part of the layout API)
+from ..errors import InvalidTopicName
+
+TOPIC_MARKER = ".topic"
+MESSAGES = "messages"
+LEASES = "leases"
+DEAD_LETTER = "dead-letter"
+REGISTRY_PREFIX = "_registry/"
+PROBE_PREFIX = "_probe/"
+
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_MESSAGE_NAME_RE = re.compile(
+    r"(?P<ts>\d{8}T\d{6}_\d{6})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r"\.json"
+)
+
+
+def validate_topic(topic: object) -> str:
+    """Return ``topic`` if it is a safe topic name, else raise InvalidTopicName.
+
+    1-128 characters of ``[A-Za-z0-9._-]``, not starting with ``_`` or ``.`` (reserved
+    for the registry, probes and markers), and no ``..``.
+    """
+    if not isinstance(topic, str):
+        raise InvalidTopicName(topic, "must be a string")
+    if not _TOPIC_RE.fullmatch(topic):
+        raise InvalidTopicName(topic, "use 1-128 characters of A-Z a-z 0-9 . _ -")
+    if topic[0] in "_.":
+        raise InvalidTopicName(topic, "must not start with '_' or '.'")
+    if ".." in topic:
+        raise InvalidTopicName(topic, "must not contain '..'")
+    return topic
+
+
+def topic_marker_key(topic: str) -> str:
+    return f"{topic}/{TOPIC_MARKER}"
+
+
+def messages_prefix(topic: str) -> str:
+    return f"{topic}/{MESSAGES}/"
+
+
+def leases_prefix(topic: str) -> str:
+    return f"{topic}/{LEASES}/"
+
+
+def dead_letter_prefix(topic: str) -> str:
+    return f"{topic}/{DEAD_LETTER}/"
+
+
+def sortable_timestamp(when: datetime) -> str:
+    """``YYYYMMDDTHHMMSS_ffffff`` in UTC: keys sort in publish order."""
+    when = when.astimezone(timezone.utc)
+    return when.strftime("%Y%m%dT%H%M%S_") + f"{when.microsecond:06d}"
+
+
+def message_key(topic: str, ts: str, message_id: str) -> str:
+    return f"{topic}/{MESSAGES}/{ts}-{message_id}.json"
+
+
+def lease_key(topic: str, message_id: str) -> str:
+    return f"{topic}/{LEASES}/{message_id}.lease"
+
+
+def dead_letter_key(topic: str, message_id: str) -> str:
+    return f"{topic}/{DEAD_LETTER}/{message_id}.json"
+
+
+def registry_key(role: str, entity_id: str) -> str:
+    return f"{REGISTRY_PREFIX}{role}/{entity_id}.json"
+
+
+def probe_key() -> str:
+    return f"{PROBE_PREFIX}{uuid.uuid4()}.probe"
+
+
+def parse_message_key(topic: str, key: str) -> str | None:
+    """The message id of a well-formed message key, or None for a foreign object."""
+    prefix = messages_prefix(topic)
+    if not key.startswith(prefix):
+        return None
+    match = _MESSAGE_NAME_RE.fullmatch(key[len(prefix) :])
+    return match.group("id") if match else None
+
+
+def lease_message_id(topic: str, key: str) -> str | None:
+    """The message id a lease key refers to, or None for a foreign object."""
+    prefix = leases_prefix(topic)
+    if not key.startswith(prefix) or not key.endswith(".lease"):
+        return None
+    mid = key[len(prefix) : -len(".lease")]
+    return mid if mid and "/" not in mid else None

@@ -1,0 +1,86 @@
+"""A delivered message and the lease that lets us act on it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+State = Literal["leased", "acked", "nacked", "released", "lost"]
+
+
+@attrs.define(eq=False)
+class Message:
+    """One message, claimed by a consumer: read its fields, then ``ack()`` or ``nack()``.
+
+    ``lease_token`` is the ETag of our lease object: every action on the message is
+    fenced by it, so a consumer whose lease was taken over can never delete the
+    message from under its new holder.
+    """
+
+    id: str
+    topic: str
+    producer_id: str | None
+    created_at: str
+    payload: Any
+    key: str = attrs.field(repr=False)
+    lease_key: str = attrs.field(repr=False)
+    lease_token: str = attrs.field(repr=False)
+    #: monotonic time just before the request that wrote our current lease version
+    lease_written_at: float = attrs.field(repr=False)
+    #: 1 on the first delivery; grows with each failed attempt recorded by ``retry``
+    delivery_count: int = 1
+    body: dict[str, Any] = attrs.field(factory=dict, repr=False)
+    etag: str = attrs.field(default="", repr=False)
+    state: State = "leased"
+    _consumer: Consumer | None = attrs.field(default=None, repr=False, alias="consumer")
+    _lock: threading.RLock = attrs.field(factory=threading.RLock, repr=False, init=False)
+
+    @property
+    def created_at_datetime(self) -> datetime | None:
+        try:
+            return datetime.fromisoformat(self.created_at)
+        except (TypeError, ValueError):
+            return None
+
+    @property
+    def done(self) -> bool:
+        """True once the message was acked, nacked, released, or its lease lost."""
+        return self.state != "leased"
+
+    def ack(self) -> None:
+        """Remove the message for good. Idempotent; raises LeaseLostError if the lease
+        is no longer ours (then the message is left to its new holder)."""
+        self._require_consumer().ack(self)
+
+    def nack(self, reason: str | None = None) -> None:
+        """Move the message to the dead-letter prefix (with ``reason``), then remove it.
+        Idempotent. If the dead-letter write fails the message stays where it was."""
+        self._require_consumer().nack(self, reason)
+
+    def release(self) -> None:
+        """Give the message back at once, so any consumer may take it again."""
+        self._require_consumer().release(self)
+
+    def refresh(self) -> None:
+        """Extend our lease by a visibility timeout; raises LeaseLostError if lost."""
+        self._require_consumer().refresh(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "producer_id": self.producer_id,
+            "created_at": self.created_at,
+            "payload": self.payload,
+        }
+
+    def _require_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError("this message is not bound to a consumer")
+        return self._consumer

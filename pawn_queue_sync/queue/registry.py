@@ -1,0 +1,107 @@
+"""Producer and consumer registration: a stable id per (role, name).
+
+The id is ``uuid5(namespace, role/name)``, so every process computes the same id and
+concurrent registrations cannot create two. An entry pawn-queue 0.1.3 wrote earlier
+for the same name (a random uuid4) is found by a scan and reused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, Literal
+
+import attrs
+
+from ..errors import ConditionFailed, ObjectNotFound, RegistrationError, StorageError
+from . import layout
+from .context import Context
+
+log = logging.getLogger(__name__)
+
+Role = Literal["producers", "consumers"]
+NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pypi.org/project/pawn-queue-sync/")
+
+
+@attrs.frozen
+class RegistryEntry:
+    """One registration, in pawn-queue's JSON shape."""
+
+    role: str
+    name: str
+    entity_id: str
+    registered_at: str
+    last_seen: str
+
+    @classmethod
+    def from_json(cls, data: Any) -> RegistryEntry:
+        if not isinstance(data, dict):
+            raise ValueError("registry entry is not an object")
+        return cls(**{f.name: str(data[f.name]) for f in attrs.fields(cls)})
+
+
+def stable_id(role: Role, name: str) -> str:
+    return str(uuid.uuid5(NAMESPACE, f"{role}/{name}"))
+
+
+def register(ctx: Context, role: Role, name: str) -> RegistryEntry:
+    """Return the entry for ``name``, creating it once. Idempotent under concurrency."""
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise RegistrationError(f"{role[:-1]} name must be a non-empty string of <= 256 chars")
+    entity_id = stable_id(role, name)
+    key = layout.registry_key(role, entity_id)
+    try:
+        try:
+            return RegistryEntry.from_json(json.loads(ctx.store.get(key).body))
+        except ObjectNotFound:
+            pass
+        legacy = _find_legacy(ctx, role, name)
+        if legacy is not None:
+            return legacy
+        now = layout.iso(ctx.clock.now())
+        entry = RegistryEntry(role, name, entity_id, now, now)
+        body = layout.canonical_json(attrs.asdict(entry))
+        try:
+            ctx.store.put(key, body, if_none_match=ctx.caps.if_none_match)
+        except ConditionFailed:  # a concurrent registration won: same id, use its entry
+            return RegistryEntry.from_json(json.loads(ctx.store.get(key).body))
+        log.info("registered %s %r as %s", role[:-1], name, entity_id)
+        return entry
+    except (StorageError, ValueError, KeyError) as exc:
+        raise RegistrationError(f"could not register {role[:-1]} {name!r}: {exc}") from exc
+
+
+def _find_legacy(ctx: Context, role: Role, name: str) -> RegistryEntry | None:
+    """The oldest entry with this name written by pawn-queue (random ids), if any."""
+    found: list[RegistryEntry] = []
+    for info in ctx.store.list(f"{layout.REGISTRY_PREFIX}{role}/").objects:
+        if _is_ours(info.key):
+            continue  # a uuid5 entry of another name: ours are found by key, not by scan
+        try:
+            entry = RegistryEntry.from_json(json.loads(ctx.store.get(info.key).body))
+        except (ObjectNotFound, ValueError, KeyError, TypeError):
+            continue  # vanished or foreign: not ours to judge here
+        if entry.name == name and entry.role == role:
+            found.append(entry)
+    return min(found, key=lambda e: (e.registered_at, e.entity_id)) if found else None
+
+
+def _is_ours(key: str) -> bool:
+    try:
+        return uuid.UUID(key.rsplit("/", 1)[-1].removesuffix(".json")).version == 5
+    except ValueError:
+        return False
+
+
+def list_entries(ctx: Context, role: Role | None = None) -> list[RegistryEntry]:
+    """All readable registrations, optionally of one role."""
+    roles: list[Role] = [role] if role else ["producers", "consumers"]
+    out: list[RegistryEntry] = []
+    for r in roles:
+        for info in ctx.store.list(f"{layout.REGISTRY_PREFIX}{r}/").objects:
+            try:
+                out.append(RegistryEntry.from_json(json.loads(ctx.store.get(info.key).body)))
+            except (ObjectNotFound, ValueError, KeyError, TypeError):
+                log.warning("skipping unreadable registry entry %s", info.key)
+    return out

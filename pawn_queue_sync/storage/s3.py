@@ -1,0 +1,347 @@
+"""The S3 store: the storage protocol on boto3, for any S3-compatible server.
+
+One boto3 client per process, built lazily on first use and rebuilt after a fork
+(a client inherited across fork shares keep-alive sockets with the parent and has been
+seen returning other requests' bodies). Threads of one process share the client; boto3
+clients are thread-safe. Every botocore error is translated here into the library's
+:class:`~pawn_queue_sync.errors.StorageError` family, without credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConditionFailed, ObjectNotFound, StorageError, StoreUnavailable
+from .base import DELETE_BATCH, GetResult, Listing, ObjectInfo, PutResult, normalize_etag
+
+if TYPE_CHECKING:
+    from ..config import S3Config
+
+__all__ = ["S3Store"]
+
+log = logging.getLogger(__name__)
+
+_CONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_AUTH_CODES = frozenset(
+    {
+        "AccessDenied",
+        "403",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "AllAccessDisabled",
+    }
+)
+
+
+class S3Store:
+    """A bucket on an S3-compatible server, behind the storage protocol.
+
+    Picklable: only the configuration travels; each process builds its own client.
+    """
+
+    def __init__(self, config: S3Config, *, max_pool_connections: int | None = None) -> None:
+        self._config = config
+        self._bucket = config.bucket_name
+        self._pool = config.max_pool_connections or max_pool_connections or 32
+        self._lock = threading.Lock()
+        self._client_obj: Any = None
+        self._client_pid: int | None = None
+
+    # -- process-local client ------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self._config, "pool": self._pool}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"], max_pool_connections=state["pool"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.describe()})"
+
+    def describe(self) -> str:
+        endpoint = self._config.endpoint_url or "aws"
+        return f"s3:{endpoint}/{self._bucket}"
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    def _client(self) -> Any:
+        """This process's client; built on first use and again after a fork."""
+        pid = os.getpid()
+        client = self._client_obj
+        if client is not None and self._client_pid == pid:
+            return client
+        with self._lock:
+            if self._client_obj is None or self._client_pid != pid:
+                self._client_obj = self._build_client()
+                self._client_pid = pid
+            return self._client_obj
+
+    def _build_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        cfg = self._config
+        bc = Config(
+            connect_timeout=cfg.connect_timeout_seconds,
+            read_timeout=cfg.read_timeout_seconds,
+            retries={"max_attempts": cfg.max_attempts, "mode": "standard"},
+            max_pool_connections=self._pool,
+            s3={"addressing_style": cfg.addressing_style},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        session = boto3.session.Session()
+        try:
+            return session.client(
+                "s3",
+                endpoint_url=cfg.endpoint_url,
+                region_name=cfg.region_name,
+                use_ssl=cfg.use_ssl,
+                aws_access_key_id=cfg.aws_access_key_id,
+                aws_secret_access_key=cfg.aws_secret_access_key,
+                config=bc,
+            )
+        except Exception as exc:  # bad endpoint URL, bad region, ...
+            raise StoreUnavailable(f"cannot build an S3 client: {type(exc).__name__}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client_obj = self._client_obj, None
+            pid, self._client_pid = self._client_pid, None
+        if client is not None and pid == os.getpid():
+            try:
+                client.close()
+            except Exception:  # closing must never fail a shutdown
+                log.debug("error closing the S3 client", exc_info=True)
+
+    # -- error translation -----------------------------------------------------------
+
+    def _call(self, op: str, key: str | None, conditional: bool = False, **kwargs: Any) -> Any:
+        """Run one client operation, translating every failure into a StorageError."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        try:
+            return getattr(self._client(), op)(Bucket=self._bucket, **kwargs)
+        except ClientError as exc:
+            raise self._translate(op, key, conditional, exc) from None
+        except NoCredentialsError:
+            raise StoreUnavailable(
+                "no S3 credentials: set s3.aws_access_key_id/aws_secret_access_key, "
+                "PAWNQUEUE_S3_ACCESS_KEY/PAWNQUEUE_S3_SECRET_KEY, or AWS credentials"
+            ) from None
+        except BotoCoreError as exc:
+            raise StoreUnavailable(
+                f"{op} failed: {type(exc).__name__}: {self._redact(str(exc))}", key=key
+            ) from None
+        except StorageError:
+            raise
+        except Exception as exc:  # e.g. urllib3 errors surfacing unwrapped
+            raise StorageError(f"{op} failed: {type(exc).__name__}", key=key) from None
+
+    def _translate(self, op: str, key: str | None, conditional: bool, exc: Any) -> StorageError:
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+        text = self._redact(str(err.get("Message", "")))
+        if code in _CONDITION_CODES or status in ("412",) or (conditional and status == "409"):
+            return ConditionFailed(f"{op}: condition failed ({code or status})", key=key)
+        if code == "NoSuchBucket":
+            return StoreUnavailable(f"bucket {self._bucket!r} does not exist", key=key)
+        if code in _NOT_FOUND_CODES or status == "404":
+            if conditional:  # If-Match on a missing key: some servers answer 404
+                return ConditionFailed(f"{op}: condition failed (no such key)", key=key)
+            return ObjectNotFound(f"{op}: no such key", key=key)
+        if code in _AUTH_CODES or status == "403":
+            return StoreUnavailable(
+                f"{op}: access denied by {self.describe()} ({code}); check credentials", key=key
+            )
+        return StorageError(f"{op} failed: {code or status} {text}".rstrip(), key=key)
+
+    def _redact(self, text: str) -> str:
+        for secret in (self._config.aws_access_key_id, self._config.aws_secret_access_key):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+    @staticmethod
+    def _server_time(resp: dict[str, Any]) -> datetime | None:
+        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        if not date:
+            return None
+        try:
+            return parsedate_to_datetime(date).astimezone(timezone.utc)
+        except (TypeError, ValueError):
+            return None
+
+    # -- the protocol ---------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> PutResult:
+        kwargs: dict[str, Any] = {"Key": key, "Body": body, "ContentType": "application/json"}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = f'"{if_match}"'
+        conditional = if_none_match or if_match is not None
+        resp = self._call("put_object", key, conditional, **kwargs)
+        return PutResult(key, normalize_etag(resp.get("ETag")), self._server_time(resp))
+
+    def get(self, key: str) -> GetResult:
+        resp = self._call("get_object", key, Key=key)
+        try:
+            body = resp["Body"].read()
+        except Exception as exc:
+            raise StorageError(f"reading body failed: {type(exc).__name__}", key=key) from None
+        finally:
+            resp["Body"].close()
+        return GetResult(
+            key=key,
+            body=body,
+            etag=normalize_etag(resp.get("ETag")),
+            last_modified=_utc(resp.get("LastModified")),
+            server_time=self._server_time(resp),
+        )
+
+    def head(self, key: str) -> ObjectInfo:
+        resp = self._call("head_object", key, Key=key)
+        return ObjectInfo(
+            key=key,
+            etag=normalize_etag(resp.get("ETag")),
+            size=int(resp.get("ContentLength", 0)),
+            last_modified=_utc(resp.get("LastModified")),
+        )
+
+    def delete(self, key: str, *, if_match: str | None = None) -> None:
+        kwargs: dict[str, Any] = {"Key": key}
+        if if_match is not None:
+            kwargs["IfMatch"] = f'"{if_match}"'
+        self._call("delete_object", key, if_match is not None, **kwargs)
+
+    def delete_many(self, keys: Iterable[str]) -> list[str]:
+        keys = list(dict.fromkeys(keys))
+        failed: list[str] = []
+        for i in range(0, len(keys), DELETE_BATCH):
+            chunk = keys[i : i + DELETE_BATCH]
+            resp = self._call(
+                "delete_objects",
+                None,
+                Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+            )
+            failed.extend(e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey")
+        return failed
+
+    def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:
+        kwargs: dict[str, Any] = {
+            "Key": dst,
+            "CopySource": {"Bucket": self._bucket, "Key": src},
+        }
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        try:
+            resp = self._call("copy_object", dst, False, **kwargs)
+        except ObjectNotFound:
+            raise ObjectNotFound("copy: no such source key", key=src) from None
+        except StorageError as exc:
+            if if_none_match and "409" in str(exc):
+                raise ConditionFailed("copy: condition failed", key=dst) from None
+            raise
+        etag = normalize_etag(resp.get("CopyObjectResult", {}).get("ETag"))
+        return PutResult(dst, etag, self._server_time(resp))
+
+    def list(
+        self,
+        prefix: str,
+        *,
+        limit: int | None = None,
+        delimiter: str | None = None,
+    ) -> Listing:
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        token: str | None = None
+        server_time: datetime | None = None
+        truncated = False
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": DELETE_BATCH}
+            if limit is not None:
+                kwargs["MaxKeys"] = max(1, min(DELETE_BATCH, limit - len(objects)))
+            if delimiter:
+                kwargs["Delimiter"] = delimiter
+            if token:
+                kwargs["ContinuationToken"] = token
+            resp = self._call("list_objects_v2", prefix, **kwargs)
+            server_time = self._server_time(resp) or server_time
+            for item in resp.get("Contents", []):
+                objects.append(
+                    ObjectInfo(
+                        key=item["Key"],
+                        etag=normalize_etag(item.get("ETag")),
+                        size=int(item.get("Size", 0)),
+                        last_modified=_utc(item.get("LastModified")),
+                    )
+                )
+            prefixes.extend(p["Prefix"] for p in resp.get("CommonPrefixes", []))
+            token = resp.get("NextContinuationToken")
+            more = bool(resp.get("IsTruncated")) and bool(token)
+            if limit is not None and len(objects) >= limit:
+                truncated = more or len(objects) > limit
+                del objects[limit:]
+                break
+            if not more:
+                break
+        return Listing(objects=objects, prefixes=prefixes, server_time=server_time,
+                       truncated=truncated)
+
+    def server_time(self) -> datetime:
+        resp = self._call("head_bucket", None)
+        return self._server_time(resp) or datetime.now(timezone.utc)
+
+    # -- bucket management (not part of the protocol) -----------------------------------
+
+    def ensure_bucket(self, *, create: bool = False) -> None:
+        """Check the bucket is reachable; create it when asked and missing."""
+        try:
+            self._call("head_bucket", None)
+            return
+        except ObjectNotFound:
+            if not create:
+                raise StoreUnavailable(
+                    f"bucket {self._bucket!r} does not exist at {self.describe()} "
+                    "(set s3.create_bucket: true to create it)"
+                ) from None
+        except StoreUnavailable as exc:
+            if "does not exist" not in str(exc) or not create:
+                raise
+        kwargs: dict[str, Any] = {}
+        region = self._config.region_name
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._call("create_bucket", None, **kwargs)
+        except StorageError as exc:
+            if "BucketAlreadyOwnedByYou" not in str(exc):
+                raise
+
+
+def _utc(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc) if value.tzinfo else value.replace(
+            tzinfo=timezone.utc
+        )
+    return datetime.now(timezone.utc)
