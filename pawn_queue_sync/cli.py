@@ -138,19 +138,23 @@ def cmd_consume(args: argparse.Namespace) -> int:
     """Poll once (or until --max), print messages as JSON lines; ack unless --no-ack."""
     with _queue(args) as pq:
         consumer = pq.register_consumer(args.consumer, topics=args.topic)
+        held: list[Any] = []  # with --no-ack, kept leased until the end so a peek sees each once
         count = 0
-        while count < args.max:
-            msgs = consumer.poll(max_messages=min(args.max - count, 100))
-            if not msgs:
-                break
-            for msg in msgs:
-                print(json.dumps(msg.to_dict(), ensure_ascii=False))
-            if args.no_ack:
+        try:
+            while count < args.max:
+                msgs = consumer.poll(max_messages=min(args.max - count, 100))
+                if not msgs:
+                    break
                 for msg in msgs:
-                    msg.release()
-            else:
-                consumer.ack_many(msgs)
-            count += len(msgs)
+                    print(json.dumps(msg.to_dict(), ensure_ascii=False))
+                if args.no_ack:
+                    held.extend(msgs)
+                else:
+                    consumer.ack_many(msgs)
+                count += len(msgs)
+        finally:
+            for msg in held:
+                msg.release()
     return EXIT_OK
 
 

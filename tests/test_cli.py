@@ -1,0 +1,87 @@
+"""The pawnq CLI on the embedded local store, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pawn_queue_sync.cli import main
+
+
+def _pawnq(tmp_path: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
+    env["PAWNQUEUE_LOCAL_PATH"] = str(tmp_path / "store")
+    return subprocess.run(
+        [sys.executable, "-m", "pawn_queue_sync.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def test_demo_publishes_and_consumes_everything_once(tmp_path: Path) -> None:
+    proc = _pawnq(tmp_path, "demo", "--messages", "200", "--path", str(tmp_path / "demo"))
+    assert proc.returncode == 0, proc.stderr
+    summary = proc.stdout.strip().splitlines()
+    line = next(s for s in summary if s.startswith("published"))
+    assert "published 200" in line
+    assert "consumed 200" in line
+    assert "duplicates 0" in line
+    assert "missing 0" in line
+    assert "'pending': 0" in proc.stdout
+
+
+def test_publish_consume_round_trip_through_the_cli(tmp_path: Path) -> None:
+    created = _pawnq(tmp_path, "topics", "--create", "orders")
+    assert created.returncode == 0, created.stderr
+    assert "orders: created" in created.stdout
+    pub = _pawnq(tmp_path, "publish", "orders", stdin='{"n": 1}\n{"n": 2}\n"three"\n')
+    assert pub.returncode == 0, pub.stderr
+    ids = pub.stdout.split()
+    assert len(ids) == 3
+    listed = _pawnq(tmp_path, "topics", "--stats")
+    assert "orders\tpending=3\tleased=0\tdead_letter=0" in listed.stdout
+    peek = _pawnq(tmp_path, "consume", "orders", "--max", "5", "--no-ack")
+    assert [json.loads(x)["id"] for x in peek.stdout.splitlines()] == ids
+    con = _pawnq(tmp_path, "consume", "orders", "--max", "5")
+    got = [json.loads(x) for x in con.stdout.splitlines()]
+    assert [g["payload"] for g in got] == [{"n": 1}, {"n": 2}, "three"]
+    again = _pawnq(tmp_path, "consume", "orders", "--max", "5")
+    assert again.stdout == ""
+
+
+def test_bad_input_gives_a_clear_error_and_exit_status(tmp_path: Path) -> None:
+    ghost = _pawnq(tmp_path, "publish", "ghost", '{"a": 1}')
+    assert ghost.returncode == 1
+    assert "TopicNotFoundError" in ghost.stderr and "ghost" in ghost.stderr
+    bad_topic = _pawnq(tmp_path, "publish", "a/b", '{"a": 1}', "--create")
+    assert bad_topic.returncode == 1
+    assert "InvalidTopicName" in bad_topic.stderr
+    not_json = _pawnq(tmp_path, "publish", "orders", "{nope")
+    assert not_json.returncode == 2
+    assert "not JSON" in not_json.stderr
+
+
+def test_info_masks_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"local:\n  path: {tmp_path / 'store'}\n")
+    assert main(["--config", str(cfg), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy: conditional_write" in out
+    assert "if_match: True" in out
+
+
+def test_help_lists_the_commands() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pawn_queue_sync.cli", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for command in ("demo", "topics", "publish", "consume", "dead-letter", "info"):
+        assert command in proc.stdout
