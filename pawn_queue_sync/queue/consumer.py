@@ -55,6 +55,7 @@ class Consumer:
         self._rng = random.SystemRandom()
         self._lock = threading.Lock()
         self._inflight: dict[str, Message] = {}
+        self._leases_seen: dict[str, int] = {}
 
     # -- identity ---------------------------------------------------------------------
 
@@ -99,8 +100,16 @@ class Consumer:
         return got
 
     def _poll_topic(self, topic: str, want: int) -> list[Message]:
+        # Messages first: an idle poll costs one request. The listing must reach past
+        # the messages others hold; last poll's lease count is the estimate.
+        prefix = layout.messages_prefix(topic)
+        listing = self._ctx.store.list(prefix, limit=want + self._leases_seen.get(topic, 0) + 8)
+        if not listing.objects:
+            return []
         live = self._live_leases(topic)
-        listing = self._ctx.store.list(layout.messages_prefix(topic), limit=want + len(live) + 8)
+        self._leases_seen[topic] = len(live)
+        if listing.truncated and len(listing.objects) < want + len(live) + 8:
+            listing = self._ctx.store.list(prefix, limit=want + len(live) + 8)
         candidates: list[tuple[str, str]] = []
         for info in listing.objects:
             mid = layout.parse_message_key(topic, info.key)
