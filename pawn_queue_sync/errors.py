@@ -68,7 +68,8 @@ class RegistrationError(PawnQueueError):
 class StorageError(PawnQueueError):
     """The object store failed or answered something unusable.
 
-    ``cause`` keeps a short description of the underlying error (never credentials).
+    ``key`` names the object concerned, when there is one; the message describes the
+    underlying error briefly and never contains credentials.
     """
 
     def __init__(self, message: str, *, key: str | None = None) -> None:

@@ -79,8 +79,10 @@ class PutResult:
 
 @attrs.frozen
 class Listing:
-    """Objects under a prefix in key order as the server returned them, and (with a
-    delimiter) the common prefixes. ``server_time`` is the HTTP Date of the last page."""
+    """Objects under a prefix and (with a delimiter) the common prefixes, in the order
+    the server returned them: byte order of keys for flat names under the prefix (all
+    the queue relies on); SeaweedFS orders nested keys by directory instead.
+    ``server_time`` is the HTTP Date of the last page."""
 
     objects: list[ObjectInfo]
     prefixes: list[str] = attrs.field(factory=list)
@@ -116,7 +118,9 @@ class Store(Protocol):
         """Delete unconditionally in batches; returns the keys that could not be deleted."""
 
     def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:
-        """Server-side copy. Raises ObjectNotFound for a missing source."""
+        """Server-side copy. Raises ObjectNotFound for a missing source, and
+        ConditionFailed with ``if_none_match`` when ``dst`` exists (moto ignores that
+        condition and overwrites)."""
 
     def list(
         self,
@@ -125,8 +129,9 @@ class Store(Protocol):
         limit: int | None = None,
         delimiter: str | None = None,
     ) -> Listing:
-        """Keys under ``prefix`` in ascending key order, following pagination, stopping
-        after ``limit`` objects (``truncated`` says whether more remain)."""
+        """Keys under ``prefix`` (see :class:`Listing` on order), following pagination,
+        stopping after ``limit`` objects -- common prefixes do not count towards it --
+        with ``truncated`` saying whether more remain."""
 
     def server_time(self) -> datetime:
         """The store's current time (S3: the Date header of a cheap request)."""
