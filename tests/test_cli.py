@@ -13,7 +13,9 @@ import pytest
 from pawn_queue_sync.cli import main
 
 
-def _pawnq(tmp_path: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def _pawnq(
+    tmp_path: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
     env["PAWNQUEUE_LOCAL_PATH"] = str(tmp_path / "store")
     return subprocess.run(

@@ -98,14 +98,33 @@ def is_stale(last_modified: datetime, server_now: datetime, visibility: float) -
 # -- claims ---------------------------------------------------------------------------
 
 
-def claim_conditional(key: str, body: LeaseBody) -> Protocol[str | None]:
+def claim_conditional(
+    key: str, body: LeaseBody, confirm: CsprngSettings | None = None
+) -> Protocol[str | None]:
     """Claim with ``If-None-Match: *``: the server lets exactly one writer create the
-    lease. Returns our token, or None when someone else holds it."""
+    lease. Returns our token, or None when someone else holds it.
+
+    ``confirm`` is for servers that honour If-None-Match but not If-Match: there a
+    janitor's reap is HEAD-then-DELETE and may remove a lease created between the two.
+    We look again ``2 x jitter_min_ms`` after the create and give up if it is gone,
+    which catches any such DELETE within the bound of docs/guarantees.md.
+    """
     try:
         result = yield Put(key, body.encode(), if_none_match=True)
     except ConditionFailed:
         return None
-    return result.etag or body.token
+    token = result.etag or body.token
+    if confirm is not None:
+        yield Sleep(_confirm_delay(confirm))
+        if not (yield from _still_ours(key, token)):
+            return None
+    return token
+
+
+def _confirm_delay(settings: CsprngSettings) -> float:
+    """How long after our write we look again when others may act on the key by
+    verify-then-act: a rival's check and its write each take under jitter_min."""
+    return 2 * settings.jitter_min_ms / 1000.0
 
 
 def claim_csprng(
@@ -151,31 +170,42 @@ def _still_ours(key: str, token: str) -> Protocol[bool]:
 
 
 def claim(
-    strategy: Strategy, key: str, body: LeaseBody, settings: CsprngSettings,
+    caps: Capabilities | Strategy, key: str, body: LeaseBody, settings: CsprngSettings,
     rng: random.Random | None = None,
 ) -> Protocol[str | None]:
-    """The claim protocol for ``strategy``."""
-    if strategy == "conditional_write":
-        return claim_conditional(key, body)
+    """The claim protocol for the server's capabilities (or a bare strategy name, which
+    assumes the server honours If-Match)."""
+    if isinstance(caps, str):
+        caps = Capabilities(if_none_match=caps == "conditional_write", if_match=True)
+    if caps.strategy == "conditional_write":
+        return claim_conditional(key, body, None if caps.if_match else settings)
     return claim_csprng(key, body, settings, rng)
 
 
 # -- acting on a held lease ----------------------------------------------------------------
 
 
-def refresh(key: str, token: str, body: LeaseBody, caps: Capabilities) -> Protocol[str]:
+def refresh(
+    key: str, token: str, body: LeaseBody, caps: Capabilities,
+    settings: CsprngSettings | None = None,
+) -> Protocol[str]:
     """Rewrite our lease (new ``expires_at``, new LastModified) only if it is still ours.
-    Returns the new token; raises LeaseLostError otherwise."""
+    Returns the new token; raises LeaseLostError otherwise.
+
+    Without If-Match this is check, write, and check again ``2 x jitter_min_ms`` later
+    (``settings``, default CsprngSettings()): between our check and our write the lease
+    may have been reaped and taken, and the taker's write may land just after ours.
+    """
     if caps.if_match:
         try:
             result = yield Put(key, body.encode(), if_match=token)
         except ConditionFailed:
             raise LeaseLostError(body.message_id, "refresh found another lease") from None
         return result.etag or body.token
-    # No If-Match on this server: verify, then write, then verify our write survived.
     if not (yield from _still_ours(key, token)):
         raise LeaseLostError(body.message_id, "refresh found another lease")
     yield Put(key, body.encode())
+    yield Sleep(_confirm_delay(settings or CsprngSettings()))
     if not (yield from _still_ours(key, body.token)):
         raise LeaseLostError(body.message_id, "lease overwritten during refresh")
     return body.token

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 _REQUIRED_FIELDS = ("id", "payload")
 #: How many stale leases one poll removes at most (the rest wait for the next poll).
 _REAP_PER_POLL = 200
+#: After a poll lost claims, the next one picks among this many times more candidates.
+_CONTENDED_WINDOW = 4
 
 
 class Consumer:
@@ -56,6 +58,8 @@ class Consumer:
         self._lock = threading.Lock()
         self._inflight: dict[str, Message] = {}
         self._leases_seen: dict[str, int] = {}
+        #: topic -> our last poll there lost claims (to rivals, or to acks under way)
+        self._contended: dict[str, bool] = {}
 
     # -- identity ---------------------------------------------------------------------
 
@@ -87,7 +91,8 @@ class Consumer:
 
     def poll(self, max_messages: int | None = None) -> list[Message]:
         """Claim up to ``max_messages`` (default ``polling.max_messages_per_poll``)
-        messages, oldest first within a topic; topics take turns being first."""
+        messages, oldest first within a topic (at random among the oldest after a poll
+        that lost claims to other consumers); topics take turns being first."""
         want = max_messages or self._ctx.config.polling.max_messages_per_poll
         got: list[Message] = []
         start = self._rr
@@ -103,13 +108,17 @@ class Consumer:
         # Messages first: an idle poll costs one request. The listing must reach past
         # the messages others hold; last poll's lease count is the estimate.
         prefix = layout.messages_prefix(topic)
-        listing = self._ctx.store.list(prefix, limit=want + self._leases_seen.get(topic, 0) + 8)
+        # After a poll that lost claims, pick at random among the oldest
+        # _CONTENDED_WINDOW x want, so consumers polling together stop racing for the
+        # same keys (SeaweedFS answers losing conditional PUTs slowly); else oldest first.
+        window = want * _CONTENDED_WINDOW if self._contended.get(topic) else want
+        listing = self._ctx.store.list(prefix, limit=window + self._leases_seen.get(topic, 0) + 8)
         if not listing.objects:
             return []
         live = self._live_leases(topic)
         self._leases_seen[topic] = len(live)
-        if listing.truncated and len(listing.objects) < want + len(live) + 8:
-            listing = self._ctx.store.list(prefix, limit=want + len(live) + 8)
+        if listing.truncated and len(listing.objects) < window + len(live) + 8:
+            listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
         candidates: list[tuple[str, str]] = []
         for info in listing.objects:
             mid = layout.parse_message_key(topic, info.key)
@@ -117,10 +126,12 @@ class Consumer:
                 self._quarantine_foreign(topic, info.key, info.size)
             elif mid not in live:
                 candidates.append((info.key, mid))
-            if len(candidates) >= want:
+            if len(candidates) >= window:
                 break
         if not candidates:
             return []
+        if len(candidates) > want:
+            candidates = self._rng.sample(candidates, want)
         if len(candidates) == 1:
             results = [self._claim_safely(topic, *candidates[0])]
         else:
@@ -128,7 +139,9 @@ class Consumer:
             pool = self._ctx.pool("claim", threads)
             futures = [pool.submit(self._claim_safely, topic, k, m) for k, m in candidates]
             results = [f.result() for f in futures]
-        return [m for m in results if m is not None]
+        got = [m for m in results if m is not None]
+        self._contended[topic] = len(got) < len(candidates)
+        return got
 
     def _live_leases(self, topic: str) -> set[str]:
         """Ids of messages under a live lease; stale leases are reaped if unchanged.
@@ -172,7 +185,7 @@ class Consumer:
         body = leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility)
         started = ctx.clock.monotonic()
         token = run(
-            leases.claim(ctx.caps.strategy, lease_key, body, ctx.csprng, self._rng),
+            leases.claim(ctx.caps, lease_key, body, ctx.csprng, self._rng),
             ctx.store,
             ctx.clock,
         )
@@ -237,18 +250,24 @@ class Consumer:
         todo: list[Message] = []
         lost: list[Message] = []
         for msg in msgs:
-            with msg._lock:
-                if msg.state == "acked" or msg.state == "nacked":
-                    continue
-                if msg.state != "leased":
-                    lost.append(msg)
-                    continue
+            if msg.state in ("acked", "nacked"):
+                continue
+            (todo if msg.state == "leased" else lost).append(msg)
+        # Re-prove old leases, then check the time fence of *all* again: the refreshes
+        # take time, which may have aged leases that were fresh at first.
+        for _ in range(3):
+            old = [m for m in todo if not self._fresh(m)]
+            if not old:
+                break
+            for msg in old:
                 try:
-                    self._fence(msg)
+                    self.refresh(msg)
                 except LeaseLostError:
+                    todo.remove(msg)
                     lost.append(msg)
-                    continue
-                todo.append(msg)
+        else:  # still not provably ours after three rounds (a very slow store): don't act
+            lost.extend(m for m in todo if not self._fresh(m))
+            todo = [m for m in todo if self._fresh(m)]
         if todo:
             self._delete([m.key for m in todo])
             for msg in todo:
@@ -323,7 +342,7 @@ class Consumer:
             started = ctx.clock.monotonic()
             try:
                 token = run(
-                    leases.refresh(msg.lease_key, msg.lease_token, body, ctx.caps),
+                    leases.refresh(msg.lease_key, msg.lease_token, body, ctx.caps, ctx.csprng),
                     ctx.store,
                     ctx.clock,
                 )
@@ -384,12 +403,16 @@ class Consumer:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _fresh(self, msg: Message) -> bool:
+        """True while our lease is certainly ours: nobody removes a lease before it is
+        stale, and this one was written well within a visibility timeout ago."""
+        return self.lease_age(msg) < self._ctx.visibility - self._ctx.fence_margin()
+
     def _fence(self, msg: Message) -> None:
         """Make sure the lease is ours before acting: recent enough by the local
         monotonic clock, or re-proven with a conditional refresh."""
-        if self.lease_age(msg) < self._ctx.visibility - self._ctx.fence_margin():
-            return
-        self.refresh(msg)
+        if not self._fresh(msg):
+            self.refresh(msg)
 
     def _settled(self, msg: Message, state: Any) -> None:
         msg.state = state

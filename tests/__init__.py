@@ -1,0 +1,1 @@
+"""Test suite for pawn_queue_sync (a package so tests can import ``tests.servers``)."""

@@ -1,0 +1,228 @@
+"""A deterministic simulated S3 for protocol generators (see pawn_queue_sync.protocol).
+
+Actors are protocol generators yielding Put/Head/Get/Delete/Sleep effects. Each request
+travels to the server with a one-way delay, is applied there at its arrival time on the
+virtual clock, and its answer travels back with another delay; both delays are chosen
+by the test, per actor and per request. Sleep advances only that actor's time. Events
+at the same virtual time run in the order they were scheduled, so a run is a pure
+function of its inputs.
+
+The server: last-writer-wins objects, ETag = md5 of the body, read-after-write, and
+If-None-Match / If-Match honoured only when the flag says so (a server that ignores
+them simply applies the write). LastModified and Date may be truncated to
+``time_resolution`` seconds, as real servers do (SeaweedFS: 1 s).
+
+Every applied mutation is logged with the version it replaced, so tests can ask who
+overwrote or deleted whose lease.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Generator, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import attrs
+
+from pawn_queue_sync.encoding import md5_hex
+from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound
+from pawn_queue_sync.protocol.effects import Delete, Effect, Get, Head, Put, Sleep
+from pawn_queue_sync.storage.base import GetResult, ObjectInfo, PutResult
+
+ORIGIN = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+#: One request's delays: a number (both ways) or (to_server, back).
+Delay = float | tuple[float, float]
+#: Per actor: one Delay for every request, a list (item i for request i, the last one
+#: repeats), or a function of (request index, effect).
+DelaySpec = Delay | Sequence[Delay] | Callable[[int, Effect], Delay]
+
+
+@attrs.frozen
+class Version:
+    """One stored version of an object."""
+
+    body: bytes
+    etag: str
+    written_at: float  # exact virtual time the write was applied
+    writer: str
+
+
+@attrs.frozen
+class Applied:
+    """A mutation the server applied (a failed condition applies nothing and is not logged)."""
+
+    at: float
+    actor: str
+    op: str  # "put" or "delete"
+    key: str
+    before: Version | None
+    after: Version | None
+
+
+@attrs.define
+class Outcome:
+    """How an actor's protocol ended: its return value or the exception it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+    finished_at: float | None = None
+    requests: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+
+@attrs.define
+class _Actor:
+    name: str
+    gen: Generator[Effect, Any, Any]
+    delays: DelaySpec
+    outcome: Outcome = attrs.field(factory=Outcome)
+
+
+class SimS3:
+    """The simulated server plus the scheduler that drives the actors."""
+
+    def __init__(
+        self, *, if_none_match: bool = True, if_match: bool = True, time_resolution: float = 0.0
+    ) -> None:
+        self.if_none_match = if_none_match
+        self.if_match = if_match
+        self.time_resolution = time_resolution
+        self.now = 0.0
+        self.objects: dict[str, Version] = {}
+        self.log: list[Applied] = []
+        self.actors: dict[str, _Actor] = {}
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    # -- the test's side ----------------------------------------------------------------
+
+    def spawn(
+        self,
+        name: str,
+        protocol: Generator[Effect, Any, Any],
+        *,
+        start: float = 0.0,
+        delays: DelaySpec = 0.0,
+    ) -> Outcome:
+        """Start ``protocol`` at virtual time ``start``; returns its (live) outcome."""
+        if name in self.actors:
+            raise ValueError(f"actor {name!r} exists")
+        actor = _Actor(name, protocol, delays)
+        self.actors[name] = actor
+        self._at(start, lambda: self._step(actor, None, None, first=True))
+        return actor.outcome
+
+    def run(self, until: float = math.inf) -> dict[str, Outcome]:
+        """Process events up to virtual time ``until``; returns every actor's outcome."""
+        while self._queue and self._queue[0][0] <= until:
+            when, _, action = heapq.heappop(self._queue)
+            self.now = when
+            action()
+        return self.outcomes
+
+    @property
+    def outcomes(self) -> dict[str, Outcome]:
+        return {name: a.outcome for name, a in self.actors.items()}
+
+    def wall(self, t: float | None = None) -> datetime:
+        """The server's time as a datetime, truncated to ``time_resolution``."""
+        t = self.now if t is None else t
+        if self.time_resolution:
+            t = math.floor(t / self.time_resolution) * self.time_resolution
+        return ORIGIN + timedelta(seconds=t)
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (when, next(self._seq), action))
+
+    def _delay(self, actor: _Actor, effect: Effect) -> tuple[float, float]:
+        spec, i = actor.delays, actor.outcome.requests
+        if callable(spec):
+            d = spec(i, effect)
+        elif isinstance(spec, Sequence) and not isinstance(spec, tuple):
+            d = spec[min(i, len(spec) - 1)]
+        else:
+            d = spec
+        to, back = (d, d) if isinstance(d, (int, float)) else d
+        if to < 0 or back < 0:
+            raise ValueError("delays cannot be negative")
+        return float(to), float(back)
+
+    def _step(self, actor: _Actor, result: Any, error: BaseException | None, first=False) -> None:
+        """Resume the actor with a result (or an exception) and schedule its next effect."""
+        try:
+            if first:
+                effect = next(actor.gen)
+            elif error is not None:
+                effect = actor.gen.throw(error)
+            else:
+                effect = actor.gen.send(result)
+        except StopIteration as stop:
+            actor.outcome.value, actor.outcome.finished_at = stop.value, self.now
+            return
+        except Exception as exc:  # the protocol raised: that is its outcome
+            actor.outcome.error, actor.outcome.finished_at = exc, self.now
+            return
+        if isinstance(effect, Sleep):
+            self._at(self.now + max(0.0, effect.seconds), lambda: self._step(actor, None, None))
+            return
+        to, back = self._delay(actor, effect)
+        actor.outcome.requests += 1
+
+        def arrive() -> None:
+            try:
+                res, err = self._apply(actor.name, effect), None
+            except (ObjectNotFound, ConditionFailed) as exc:
+                res, err = None, exc
+            self._at(self.now + back, lambda: self._step(actor, res, err))
+
+        self._at(self.now + to, arrive)
+
+    # -- the server ---------------------------------------------------------------------------
+
+    def _apply(self, actor: str, effect: Effect) -> Any:
+        cur = self.objects.get(effect.key)
+        if isinstance(effect, Put):
+            if self.if_none_match and effect.if_none_match and cur is not None:
+                raise ConditionFailed("put: exists", key=effect.key)
+            if self.if_match and effect.if_match is not None and (
+                cur is None or cur.etag != effect.if_match
+            ):
+                raise ConditionFailed("put: etag differs", key=effect.key)
+            new = Version(effect.body, md5_hex(effect.body), self.now, actor)
+            self._mutate(actor, "put", effect.key, cur, new)
+            return PutResult(effect.key, new.etag, self.wall())
+        if isinstance(effect, Delete):
+            if self.if_match and effect.if_match is not None and (
+                cur is None or cur.etag != effect.if_match
+            ):
+                raise ConditionFailed("delete: etag differs", key=effect.key)
+            if cur is not None:
+                self._mutate(actor, "delete", effect.key, cur, None)
+            return None
+        if cur is None:
+            raise ObjectNotFound("no such key", key=effect.key)
+        if isinstance(effect, Head):
+            return ObjectInfo(effect.key, cur.etag, len(cur.body), self.wall(cur.written_at))
+        if isinstance(effect, Get):
+            return GetResult(
+                effect.key, cur.body, cur.etag, self.wall(cur.written_at), self.wall()
+            )
+        raise TypeError(f"unknown effect {effect!r}")
+
+    def _mutate(
+        self, actor: str, op: str, key: str, before: Version | None, after: Version | None
+    ) -> None:
+        if after is None:
+            del self.objects[key]
+        else:
+            self.objects[key] = after
+        self.log.append(Applied(self.now, actor, op, key, before, after))

@@ -1,0 +1,196 @@
+"""claim_csprng on the simulated S3 (a server without If-None-Match), with hypothesis.
+
+The safety bound (docs/guarantees.md): when every request's one-way delay is below
+``jitter_min_ms``, exactly one of any number of concurrent claimers of a free lease
+gets a token, and the bytes stored at the end are the winner's. Beyond the bound the
+protocol can hand the same lease to two consumers; hypothesis finds such a schedule
+and the shrunk one is kept below as a documented test.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+from hypothesis import HealthCheck, Phase, example, find, given, settings
+from hypothesis import strategies as st
+
+from pawn_queue_sync.protocol.lease import CsprngSettings, LeaseBody, claim_csprng
+from tests.sim_s3 import ORIGIN, SimS3
+
+KEY = "orders/leases/m.lease"
+#: A claim makes at most this many requests: HEAD, PUT, verify_retries + 1 HEADs, HEAD.
+MAX_RETRIES = 3
+REQUESTS = MAX_RETRIES + 4
+
+FAST = settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@attrs.frozen
+class Claimer:
+    start_ms: int
+    #: (to server, back) for request i; the last pair repeats for the later requests
+    delays_us: tuple[tuple[int, int], ...]
+    seed: int
+
+
+@attrs.frozen
+class Schedule:
+    settings: CsprngSettings
+    claimers: tuple[Claimer, ...]
+
+    @property
+    def max_delay_ms(self) -> float:
+        return max(max(d) for c in self.claimers for d in c.delays_us) / 1000
+
+
+@st.composite
+def schedules(draw, *, bounded: bool, max_claimers: int = 16):
+    """2..16 claimers; with ``bounded`` every one-way delay is below jitter_min_ms."""
+    jmin = draw(st.integers(5, 200))
+    cfg = CsprngSettings(
+        jitter_min_ms=jmin,
+        jitter_max_ms=draw(st.one_of(st.just(jmin), st.integers(jmin, jmin + 300))),
+        verify_retries=draw(st.integers(0, MAX_RETRIES)),
+        verify_retry_delay_ms=draw(st.integers(0, 200)),
+    )
+    top_us = jmin * 1000 - 1 if bounded else 4 * (cfg.jitter_max_ms + jmin) * 1000
+    # Extremes often: the races that matter sit at the edges of the allowed delays.
+    delay = st.one_of(st.sampled_from([0, top_us]), st.integers(0, top_us))
+    window_ms = 2 * (cfg.jitter_max_ms + jmin)  # starts spread over about one claim
+    claimers = draw(
+        st.lists(
+            st.builds(
+                Claimer,
+                start_ms=st.one_of(st.just(0), st.integers(0, window_ms)),
+                delays_us=st.lists(st.tuples(delay, delay), min_size=1,
+                                   max_size=REQUESTS).map(tuple),
+                seed=st.integers(0, 2**32 - 1),
+            ),
+            min_size=2,
+            max_size=max_claimers,
+        )
+    )
+    return Schedule(cfg, tuple(claimers))
+
+
+def run_schedule(schedule: Schedule) -> tuple[SimS3, dict[str, str]]:
+    """Run every claimer on a fresh server; returns it and {claimer: token} of believers."""
+    sim = SimS3(if_none_match=False, if_match=False)
+    for i, c in enumerate(schedule.claimers):
+        body = LeaseBody.new(f"c{i}", "m", ORIGIN, 30.0)
+        sim.spawn(
+            f"c{i}",
+            claim_csprng(KEY, body, schedule.settings, random.Random(c.seed)),
+            start=c.start_ms / 1000,
+            delays=[(to / 1e6, back / 1e6) for to, back in c.delays_us],
+        )
+    outcomes = sim.run()
+    for name, out in outcomes.items():
+        assert out.error is None, (name, out.error)
+        assert out.done
+    return sim, {name: out.value for name, out in outcomes.items() if out.value is not None}
+
+
+def believers(schedule: Schedule) -> int:
+    return len(run_schedule(schedule)[1])
+
+
+#: Within the bound but at its edge: c1's HEAD answer and its PUT each take just under
+#: jitter_min_ms, so its PUT lands almost 2 x jitter_min after it saw the key free,
+#: after c0's first verification. Only the final confirmation (step 4) catches it.
+EDGE = Schedule(
+    CsprngSettings(jitter_min_ms=5, jitter_max_ms=5, verify_retries=0, verify_retry_delay_ms=0),
+    (Claimer(0, ((0, 0),), 0), Claimer(0, ((0, 4_999), (4_999, 0)), 0)),
+)
+
+
+@FAST
+@example(EDGE)
+@given(schedules(bounded=True))
+def test_within_the_bound_exactly_one_claimer_believes_and_its_lease_is_stored(schedule):
+    sim, won = run_schedule(schedule)
+    assert schedule.max_delay_ms < schedule.settings.jitter_min_ms
+    # At most one believer is the safety property; exactly one (the last writer always
+    # verifies its own bytes) shows the schedule really raced.
+    assert len(won) == 1, won
+    (winner, token), = won.items()
+    stored = sim.objects[KEY]
+    assert stored.etag == token
+    assert stored.writer == winner
+    # Nobody wrote after the winner's write was applied: no live lease was overwritten.
+    assert sim.log[-1].after == stored
+
+
+@settings(FAST, max_examples=50)
+@given(schedules(bounded=True, max_claimers=4))
+def test_a_claimer_that_sees_a_lease_never_writes(schedule):
+    """The HEAD before writing: a late claimer leaves a held lease alone entirely."""
+    sim, won = run_schedule(schedule)
+    (winner,) = won
+    done = sim.outcomes[winner].finished_at
+    late = [e for e in sim.log if e.at > done]
+    assert late == []
+
+
+def test_hypothesis_finds_a_duplicate_beyond_the_bound():
+    """Let hypothesis search schedules whose delays may exceed jitter_min_ms: it finds
+    two believers within a few dozen schedules (generation only; the shrunk result of
+    the same search, run once with shrinking, is COUNTEREXAMPLE below)."""
+    found = find(
+        schedules(bounded=False),
+        lambda s: believers(s) >= 2,
+        settings=settings(max_examples=500, derandomize=True, database=None, deadline=None,
+                          phases=[Phase.generate], suppress_health_check=list(HealthCheck)),
+    )
+    assert believers(found) >= 2
+    assert found.max_delay_ms >= found.settings.jitter_min_ms
+
+
+#: What ``find(schedules(bounded=False, max_claimers=2), two believers)`` shrinks to.
+COUNTEREXAMPLE = Schedule(
+    CsprngSettings(jitter_min_ms=5, jitter_max_ms=5, verify_retries=0, verify_retry_delay_ms=0),
+    (
+        Claimer(start_ms=0, delays_us=((0, 0),), seed=0),
+        Claimer(start_ms=0, delays_us=((0, 10_001),), seed=0),
+    ),
+)
+
+
+def test_counterexample_beyond_the_bound_gives_two_believers():
+    """Both claimers start at t=0; c1's answers take 10.001 ms to come back (twice
+    jitter_min_ms, plus a microsecond).
+
+    t=0        c0 and c1 HEAD the key: free, for both.
+    t=0        c0 PUTs its lease (answer at once), sleeps its jitter (5 ms).
+    t=5 ms     c0 verifies: its bytes. Sleeps jitter_min (5 ms).
+    t=10 ms    c0 confirms: its bytes. c0 holds the lease.
+    t=10.001   c1 gets the "free" answer of its HEAD and PUTs: it overwrites c0's live
+               lease, then verifies its own bytes twice and believes too.
+
+    The competitor's HEAD answer plus its PUT took longer than the holder's
+    PUT-to-confirmation window (>= 2 x jitter_min_ms). One microsecond less, and c1's
+    PUT lands before c0's confirmation: c0 sees it and backs off (next test).
+    """
+    sim, won = run_schedule(COUNTEREXAMPLE)
+    assert sorted(won) == ["c0", "c1"]  # the duplicate
+    c0_done = sim.outcomes["c0"].finished_at
+    assert c0_done == 0.010
+    overwrite = sim.log[-1]
+    assert (overwrite.actor, overwrite.before.writer) == ("c1", "c0")
+    assert overwrite.at > c0_done  # c0's lease was live (it had won) when c1 wrote
+    assert sim.objects[KEY].etag == won["c1"]
+
+
+def test_one_microsecond_less_and_the_counterexample_is_safe():
+    slow = attrs.evolve(COUNTEREXAMPLE.claimers[1], delays_us=((0, 9_999),))
+    sim, won = run_schedule(attrs.evolve(COUNTEREXAMPLE,
+                                         claimers=(COUNTEREXAMPLE.claimers[0], slow)))
+    assert list(won) == ["c1"]
+    assert sim.objects[KEY].etag == won["c1"]
