@@ -18,6 +18,7 @@ from .errors import (
     InvalidTopicName,
     LeaseConflictError,
     LeaseLostError,
+    NotStartedError,
     PawnQueueError,
     PayloadError,
     ProbeError,
@@ -46,6 +47,7 @@ __all__ = [
     "Message",
     # errors
     "PawnQueueError",
+    "NotStartedError",
     "ConfigError",
     "InvalidTopicName",
     "TopicNotFoundError",

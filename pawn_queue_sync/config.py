@@ -414,7 +414,9 @@ class PublishingConfig:
 
     _SECTION: ClassVar[str] = "publishing"
 
-    max_payload_bytes: int = _int(1048576, "Largest accepted payload, in bytes of JSON.")
+    max_payload_bytes: int = _int(
+        1048576, "Largest accepted message: its JSON encoding (payload + ~200 bytes)."
+    )
     batch_threads: int = _int(16, "Threads used to publish a batch in parallel.")
 
 

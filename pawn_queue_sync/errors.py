@@ -8,6 +8,7 @@ contain credentials.
 from __future__ import annotations
 
 __all__ = [
+    "NotStartedError",
     "PawnQueueError",
     "ConfigError",
     "TopicNotFoundError",
@@ -35,6 +36,10 @@ class ConfigError(PawnQueueError, ValueError):
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
         super().__init__(f"{field}: {problem}")
+
+
+class NotStartedError(PawnQueueError, RuntimeError):
+    """The queue was used before ``setup()`` (or after ``teardown()``)."""
 
 
 class TopicNotFoundError(PawnQueueError, LookupError):

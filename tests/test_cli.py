@@ -33,7 +33,7 @@ def test_demo_publishes_and_consumes_everything_once(tmp_path: Path) -> None:
     proc = _pawnq(tmp_path, "demo", "--messages", "200", "--path", str(tmp_path / "demo"))
     assert proc.returncode == 0, proc.stderr
     summary = proc.stdout.strip().splitlines()
-    line = next(s for s in summary if s.startswith("published"))
+    line = next(s for s in summary if "duplicates" in s)
     assert "published 200" in line
     assert "consumed 200" in line
     assert "duplicates 0" in line

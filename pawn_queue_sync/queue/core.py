@@ -14,8 +14,10 @@ from ..config import PawnQueueConfig, load_config
 from ..errors import (
     ConditionFailed,
     ConfigError,
+    NotStartedError,
     ObjectNotFound,
     ProbeError,
+    RegistrationError,
     StorageError,
     StoreUnavailable,
 )
@@ -112,7 +114,7 @@ class PawnQueue:
     @property
     def context(self) -> Context:
         if self._ctx is None:
-            raise RuntimeError("PawnQueue is not set up: call setup() or use `with`")
+            raise NotStartedError("PawnQueue is not set up: call setup() or use `with`")
         return self._ctx
 
     @property
@@ -155,6 +157,8 @@ class PawnQueue:
         """A consumer with a stable id for ``name``, subscribed to existing ``topics``."""
         if isinstance(topics, str):
             topics = [topics]
+        if not topics:  # checked before anything is written to the registry
+            raise RegistrationError(f"consumer {name!r} needs at least one topic")
         for topic in topics:
             self.context.require_topic(topic)
         return Consumer(self.context, registry.register(self.context, "consumers", name), topics)

@@ -52,18 +52,30 @@ def register(ctx: Context, role: Role, name: str) -> RegistryEntry:
     entity_id = stable_id(role, name)
     key = layout.registry_key(role, entity_id)
     try:
+        corrupt_etag: str | None = None
         try:
-            return RegistryEntry.from_json(json.loads(ctx.store.get(key).body))
+            got = ctx.store.get(key)
         except ObjectNotFound:
-            pass
-        legacy = _find_legacy(ctx, role, name)
-        if legacy is not None:
-            return legacy
+            legacy = _find_legacy(ctx, role, name)
+            if legacy is not None:
+                return legacy
+        else:
+            try:
+                return RegistryEntry.from_json(json.loads(got.body))
+            except (ValueError, KeyError, TypeError):
+                # Unreadable, yet at the key only this name maps to: rewrite it below
+                # (the id is the same whoever writes it).
+                log.warning("replacing unreadable registry entry %s", key)
+                corrupt_etag = got.etag
         now = layout.iso(ctx.clock.now())
         entry = RegistryEntry(role, name, entity_id, now, now)
         body = layout.canonical_json(attrs.asdict(entry))
         try:
-            ctx.store.put(key, body, if_none_match=ctx.caps.if_none_match)
+            if corrupt_etag is None:
+                ctx.store.put(key, body, if_none_match=ctx.caps.if_none_match)
+            else:
+                if_match = corrupt_etag if ctx.caps.if_match else None
+                ctx.store.put(key, body, if_match=if_match)
         except ConditionFailed:  # a concurrent registration won: same id, use its entry
             return RegistryEntry.from_json(json.loads(ctx.store.get(key).body))
         log.info("registered %s %r as %s", role[:-1], name, entity_id)
