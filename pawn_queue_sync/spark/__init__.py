@@ -1,0 +1,53 @@
+"""Spark integration: DataFrames to topics and back, and the ``pawnqueue`` data source.
+
+Install with the ``spark`` extra (pyspark >= 4.0 and pyarrow; the streaming source
+needs pyspark >= 4.2)::
+
+    from pawn_queue_sync import spark as pqspark
+
+    pqspark.publish_dataframe(df, "orders", config, id_col="order_id")
+    result = pqspark.process_topic(spark, "orders", handle, config, partitions=4)
+    df = pqspark.consume_to_dataframe(spark, "orders", config)
+
+    pqspark.register(spark)
+    spark.read.format("pawnqueue").option("topic", "orders").option(
+        "configPath", "pawnqueue.yaml").load()
+
+``config`` is anything :func:`pawn_queue_sync.load_config` takes; only plain settings
+travel to the executors, which build one client per process. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyspark  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "pawn_queue_sync.spark needs pyspark: pip install 'pawn-queue-sync[spark]'"
+    ) from exc
+
+from typing import TYPE_CHECKING
+
+from ._common import executor_queue, spark_options
+from .dataframe import ProcessResult, consume_to_dataframe, process_topic, publish_dataframe
+from .datasource import NAME, PawnQueueDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "NAME",
+    "PawnQueueDataSource",
+    "ProcessResult",
+    "consume_to_dataframe",
+    "executor_queue",
+    "process_topic",
+    "publish_dataframe",
+    "register",
+    "spark_options",
+]
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``pawnqueue`` data source with ``spark`` (idempotent)."""
+    spark.dataSource.register(PawnQueueDataSource)
