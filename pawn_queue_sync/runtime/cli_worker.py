@@ -1,0 +1,105 @@
+"""``pawnq worker``: run a supervised pool of worker processes from the command line.
+
+    pawnq worker package.module:function --topic orders [--topic more] \\
+        --processes 4 --threads 8 --config config.yaml [--consumer-name NAME]
+
+The exit status is one of the ``RET_*`` codes of :mod:`.workers` (0: stopped
+gracefully). Also runnable as ``python -m pawn_queue_sync.runtime.workers ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["add_worker_parser", "run_worker", "main"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_arguments(parser: argparse.ArgumentParser, *, config_default: Any) -> None:
+    parser.add_argument("handler", help="the handler to run, as package.module:function")
+    parser.add_argument(
+        "--topic", "-t", dest="topics", action="append", required=True, metavar="TOPIC",
+        help="topic to consume (repeat for several)",
+    )
+    parser.add_argument("--processes", "-p", type=_positive_int, default=os.cpu_count() or 1,
+                        help="worker processes (default: CPU count)")
+    parser.add_argument("--threads", type=_positive_int, default=8,
+                        help="handler threads per process (default: 8)")
+    parser.add_argument("--config", "-c", default=config_default,
+                        help="YAML configuration file (env PAWNQUEUE_* fills the gaps)")
+    parser.add_argument("--consumer-name", default="worker",
+                        help="registered consumer name shared by the workers (default: worker)")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight handlers get to finish on stop (default: 30)")
+    parser.add_argument("--path", dest="sys_path", action="append", default=[],
+                        metavar="DIR", help="prepend DIR to sys.path to import the handler")
+
+
+def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``worker`` subcommand to ``pawnq``'s subparsers; it runs :func:`run_worker`.
+
+    ``--config`` here does not override a ``--config`` given before the subcommand.
+    """
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a pool of worker processes calling a handler for each message",
+        description="Run PROCESSES worker processes x THREADS threads calling HANDLER for "
+        "each message of the topics. SIGTERM/SIGINT: graceful stop; a second one: kill. "
+        "Exit status: 0 ok, 1 killed, 2 handler import failed, 3 store unreachable, "
+        "4 bad configuration or missing topic.",
+    )
+    _add_arguments(parser, config_default=argparse.SUPPRESS)
+    parser.set_defaults(func=run_worker)
+    return parser
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Run the pool described by parsed ``worker`` arguments; the exit status."""
+    from .workers import RET_CONFIG, WorkerPool
+
+    for path in reversed(args.sys_path or []):
+        sys.path.insert(0, os.path.abspath(path))
+    config = getattr(args, "config", None)
+    try:
+        pool = WorkerPool(
+            config,
+            args.topics,
+            args.handler,
+            processes=args.processes,
+            threads=args.threads,
+            consumer_name=args.consumer_name,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except ValueError as exc:
+        log.error("%s", exc)
+        return RET_CONFIG
+    return pool.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m pawn_queue_sync.runtime.workers``)."""
+    parser = argparse.ArgumentParser(prog="pawnq-worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", "-v", action="count", default=0)
+    _add_arguments(parser, config_default=None)
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(processName)s[%(process)d] "
+                        "%(levelname)s %(name)s: %(message)s")
+    return run_worker(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
