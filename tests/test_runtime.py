@@ -738,3 +738,33 @@ def test_refresher_marks_a_lost_lease_and_stops_tracking_it(mem_queue: PawnQueue
     assert msg.state == "lost" and msg.done
     assert len(refresher) == 0 and refresher.lost == 1
     assert not refresher.alive and runtime_threads() == []
+
+
+def test_close_stops_a_running_listener_and_leaves_no_thread() -> None:
+    """PawnQueue.close() stops a listen() running in another thread gracefully: the
+    handler in progress finishes and is acked, and no thread of ours outlives close()."""
+    pq = memory_queue()
+    producer = pq.register_producer("p")
+    producer.publish_batch(TOPIC, [{"n": n} for n in range(20)])
+    consumer = pq.register_consumer("c", [TOPIC])
+    started, release = threading.Event(), threading.Event()
+    handled: list[str] = []
+
+    def handler(msg: Message) -> None:
+        started.set()
+        release.wait(DEADLINE)
+        handled.append(msg.id)
+
+    runner = run_in_thread(lambda: consumer.listen(handler, max_workers=1))
+    assert started.wait(DEADLINE)
+    closer = run_in_thread(pq.close)
+    release.set()
+    join(closer)
+    join(runner)
+    assert all_pawnq_threads() == []
+    store = pq._given_store
+    assert store is not None
+    pending = store.list(layout.messages_prefix(TOPIC)).objects
+    assert len(handled) >= 1
+    assert len(pending) == 20 - len(handled)  # handled ones acked, the rest still there
+    assert store.list(layout.leases_prefix(TOPIC)).objects == []  # unstarted ones released

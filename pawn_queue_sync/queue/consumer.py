@@ -60,6 +60,8 @@ class Consumer:
         self._leases_seen: dict[str, int] = {}
         #: topic -> our last poll there lost claims (to rivals, or to acks under way)
         self._contended: dict[str, bool] = {}
+        #: topic -> our last poll there found no pending message
+        self._idle: dict[str, bool] = {}
 
     # -- identity ---------------------------------------------------------------------
 
@@ -105,20 +107,30 @@ class Consumer:
         return got
 
     def _poll_topic(self, topic: str, want: int) -> list[Message]:
-        # Messages first: an idle poll costs one request. The listing must reach past
-        # the messages others hold; last poll's lease count is the estimate.
         prefix = layout.messages_prefix(topic)
         # After a poll that lost claims, pick at random among the oldest
         # _CONTENDED_WINDOW x want, so consumers polling together stop racing for the
         # same keys (SeaweedFS answers losing conditional PUTs slowly); else oldest first.
         window = want * _CONTENDED_WINDOW if self._contended.get(topic) else want
-        listing = self._ctx.store.list(prefix, limit=window + self._leases_seen.get(topic, 0) + 8)
-        if not listing.objects:
-            return []
-        live = self._live_leases(topic)
-        self._leases_seen[topic] = len(live)
-        if listing.truncated and len(listing.objects) < window + len(live) + 8:
+        if self._idle.get(topic, True):
+            # Idle (or first) poll: messages first, so an empty topic costs one request.
+            # The listing must reach past the messages others hold: last poll's lease
+            # count is the estimate.
+            listing = self._ctx.store.list(
+                prefix, limit=window + self._leases_seen.get(topic, 0) + 8
+            )
+            if not listing.objects:
+                return []
+            live = self._live_leases(topic)
+            if listing.truncated and len(listing.objects) < window + len(live) + 8:
+                listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
+        else:
+            # Busy: leases first, so a message acked between the two listings is not
+            # mistaken for a free one (that costs a claim, a GET and a release for nothing).
+            live = self._live_leases(topic)
             listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
+        self._leases_seen[topic] = len(live)
+        self._idle[topic] = not listing.objects
         candidates: list[tuple[str, str]] = []
         for info in listing.objects:
             mid = layout.parse_message_key(topic, info.key)
@@ -396,6 +408,15 @@ class Consumer:
         listener = getattr(self, "_listener", None)
         if listener is not None:
             listener.stop()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop a running :meth:`listen` and wait up to ``timeout`` seconds for it to
+        finish (handlers, acks, refresher: every thread joined). True when it has."""
+        listener = getattr(self, "_listener", None)
+        if listener is None:
+            return True
+        listener.stop()
+        return bool(listener.join(timeout))
 
     def janitor(self, topic: str | None = None) -> int:
         """Remove stale leases now; returns how many leases are live afterwards."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class PawnQueue:
         self._given_store = store
         self._clock = clock
         self._ctx: Context | None = None
+        self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
     @classmethod
     def from_config(
@@ -95,10 +97,15 @@ class PawnQueue:
         return self
 
     def teardown(self) -> None:
-        """Stop thread pools and close the store. Idempotent."""
+        """Stop running listeners (graceful: handlers finish, acks are flushed, every
+        thread is joined), then thread pools, then close the store. Idempotent."""
         ctx, self._ctx = self._ctx, None
         if ctx is None:
             return
+        consumers, self._consumers = list(self._consumers), weakref.WeakSet()
+        for consumer in consumers:
+            if not consumer.close():
+                log.warning("a listener of %r did not stop", consumer)
         ctx.close()
         if self._given_store is None:
             ctx.store.close()
@@ -161,7 +168,11 @@ class PawnQueue:
             raise RegistrationError(f"consumer {name!r} needs at least one topic")
         for topic in topics:
             self.context.require_topic(topic)
-        return Consumer(self.context, registry.register(self.context, "consumers", name), topics)
+        consumer = Consumer(
+            self.context, registry.register(self.context, "consumers", name), topics
+        )
+        self._consumers.add(consumer)
+        return consumer
 
     def list_registrations(self, role: registry.Role | None = None) -> list[registry.RegistryEntry]:
         return registry.list_entries(self.context, role)
