@@ -258,6 +258,11 @@ def _instance_of(cls: type) -> Validator:
     return check
 
 
+def _section(cls: type) -> dict[str, Any]:
+    """The field arguments of a sub-section: its defaults, and it must be that class."""
+    return {"factory": cls, "validator": _instance_of(cls), "metadata": _section_meta(cls)}
+
+
 def _section_meta(cls: type) -> dict[str, Any]:
     return {"section": cls}
 
@@ -431,31 +436,11 @@ class PawnQueueConfig:
         validator=_optional(_instance_of(S3Config)),
         metadata={"section": S3Config, "optional": True},
     )
-    local: LocalConfig = attrs.field(
-        factory=LocalConfig,
-        validator=_instance_of(LocalConfig),
-        metadata=_section_meta(LocalConfig),
-    )
-    polling: PollingConfig = attrs.field(
-        factory=PollingConfig,
-        validator=_instance_of(PollingConfig),
-        metadata=_section_meta(PollingConfig),
-    )
-    concurrency: ConcurrencyConfig = attrs.field(
-        factory=ConcurrencyConfig,
-        validator=_instance_of(ConcurrencyConfig),
-        metadata=_section_meta(ConcurrencyConfig),
-    )
-    registry: RegistryConfig = attrs.field(
-        factory=RegistryConfig,
-        validator=_instance_of(RegistryConfig),
-        metadata=_section_meta(RegistryConfig),
-    )
-    publishing: PublishingConfig = attrs.field(
-        factory=PublishingConfig,
-        validator=_instance_of(PublishingConfig),
-        metadata=_section_meta(PublishingConfig),
-    )
+    local: LocalConfig = attrs.field(**_section(LocalConfig))
+    polling: PollingConfig = attrs.field(**_section(PollingConfig))
+    concurrency: ConcurrencyConfig = attrs.field(**_section(ConcurrencyConfig))
+    registry: RegistryConfig = attrs.field(**_section(RegistryConfig))
+    publishing: PublishingConfig = attrs.field(**_section(PublishingConfig))
 
     @property
     def backend(self) -> Literal["s3", "local"]:
