@@ -28,7 +28,7 @@ from datetime import timedelta
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pawn_queue_sync.errors import LeaseLostError
@@ -119,7 +119,9 @@ def holder(sim: SimS3, name: str, h: Holder, caps: Capabilities, rec: Record):
     for pause, action in h.plan:
         yield Sleep(pause)
         if action == "release":
-            window[1] = min(window[1], sim.now)  # no acting once we give it back
+            for w in rec.windows:  # no acting once we give it back, on any token of ours
+                if w[2] == name:
+                    w[1] = min(w[1], sim.now)
             yield from release(KEY, token, caps)
             return "released"
         sent, new = sim.now, body()
@@ -190,8 +192,18 @@ def test_conditional_server_any_delays(w):
     check(w)
 
 
+RELEASE_AFTER_REFRESH = World(  # found by hypothesis: a release closes every window
+    IF_MATCH_ONLY, 0.0,
+    (Holder(1.0, 0.0, (), ((0.0, 0.0),), 0),
+     Holder(0.0, 0.0, ((0.0, "refresh"), (0.0, "release")), ((0.0, 0.0),), 0)),
+    (Janitor((0.0,), ((0.0, 0.0),)),),
+)
+
+
 @FAST
 @given(worlds(IF_MATCH_ONLY, max_delay=BOUND))
+@example(RELEASE_AFTER_REFRESH)
+@example(attrs.evolve(RELEASE_AFTER_REFRESH, caps=Capabilities(True, False)))
 def test_csprng_claims_with_if_match_fencing_within_the_bound(w):
     check(w)
 
