@@ -103,9 +103,15 @@ class S3Store:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        session = boto3.session.Session(botocore_session=_new_botocore_session())
+        core = _new_botocore_session()
+        # botocore parses every listed key's timestamp with dateutil (0.1-0.4 ms each):
+        # the standard library does the same in a fraction of that.
+        core.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=_parse_timestamp
+        )
+        session = boto3.session.Session(botocore_session=core)
         try:
-            return session.client(
+            client = session.client(
                 "s3",
                 endpoint_url=cfg.endpoint_url,
                 region_name=cfg.region_name,
@@ -116,6 +122,11 @@ class S3Store:
             )
         except Exception as exc:  # bad endpoint URL, bad region, ...
             raise StoreUnavailable(f"cannot build an S3 client: {type(exc).__name__}") from None
+        # Our bodies are small: "Expect: 100-continue" only costs every PUT a round trip.
+        from botocore.handlers import add_expect_header
+
+        client.meta.events.unregister("before-call.s3", add_expect_header)
+        return client
 
     def close(self) -> None:
         with self._lock:
@@ -415,6 +426,19 @@ def _new_botocore_session() -> Any:
     session = botocore.session.Session()
     session.register_component("data_loader", loader)
     return session
+
+
+def _parse_timestamp(value: str) -> datetime:
+    """S3 timestamps: ISO 8601 in XML bodies, RFC 1123 in headers; botocore's own parser
+    (dateutil) for anything else."""
+    try:
+        if value[:4].isdigit():
+            return datetime.fromisoformat(value).astimezone(timezone.utc)
+        return parsedate_to_datetime(value).astimezone(timezone.utc)
+    except (TypeError, ValueError, IndexError):
+        from botocore.utils import parse_timestamp
+
+        return parse_timestamp(value)  # type: ignore[no-any-return]
 
 
 def _utc(value: Any) -> datetime:
