@@ -1,0 +1,143 @@
+"""What both benchmark drivers share: stdlib only, because one of them runs in
+pawn-queue's venv and the other in ours.
+
+A driver is started as ``python DRIVER.py SPEC.json``. It sets its queue up, counts
+every S3 request its client sends (a botocore ``before-send.s3`` hook), writes
+``ready-<index>`` into the spec's sync directory, waits for ``go``, runs its role, and
+writes the result as JSON to ``spec["out"]``. Consumers append one line per acked
+message to ``acks-<index>.txt`` (``id publish_time ack_time``) and stop when ``stop``
+appears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+
+class RequestCounter:
+    """Counts S3 requests by operation; register :meth:`hook` on a botocore client's
+    ``meta.events`` for ``before-send.s3`` (fires once per HTTP attempt, retries too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ops: Counter[str] = Counter()
+
+    def hook(self, event_name: str = "", **_: Any) -> None:
+        op = event_name.rsplit(".", 1)[-1] if event_name else "?"
+        with self._lock:
+            self.ops[op] += 1
+
+    def status_hook(self, event_name: str = "", http_response: Any = None, **_: Any) -> None:
+        """For ``after-call.s3``: count answers >= 300 as ``"!Op status"`` (412 lost
+        claims, 404 reads of vanished objects)."""
+        status = getattr(http_response, "status_code", None)
+        if status is not None and status >= 300:
+            op = event_name.rsplit(".", 1)[-1] if event_name else "?"
+            with self._lock:
+                self.ops[f"!{op} {status}"] += 1
+
+    def register(self, events: Any) -> None:
+        events.register("before-send.s3", self.hook)
+        events.register("after-call.s3", self.status_hook)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.ops)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.ops.clear()
+
+    @staticmethod
+    def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+        keys = set(after) | set(before)
+        out = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+        return {k: v for k, v in sorted(out.items()) if v}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process, all threads."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def load_spec() -> dict[str, Any]:
+    with open(sys.argv[1]) as f:
+        return json.load(f)
+
+
+class Sync:
+    """File-based rendezvous with the runner (works across venvs and processes)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.dir = spec["sync_dir"]
+        self.index = int(spec.get("index", 0))
+        self._stop_path = os.path.join(self.dir, "stop")
+        self._acks = None
+
+    def ready(self) -> None:
+        path = os.path.join(self.dir, f"ready-{self.index}")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+
+    def wait_go(self, timeout: float = 300.0) -> float:
+        """Block until the runner says go; returns the wall-clock start time."""
+        go = os.path.join(self.dir, "go")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(go):
+            if time.monotonic() > deadline:
+                raise TimeoutError("runner never said go")
+            time.sleep(0.005)
+        return time.time()
+
+    def stopped(self) -> bool:
+        return os.path.exists(self._stop_path)
+
+    def record_acks(self, rows: list[tuple[str, float, float]]) -> None:
+        if self._acks is None:
+            self._acks = open(os.path.join(self.dir, f"acks-{self.index}.txt"), "a")  # noqa: SIM115
+        self._acks.write("".join(f"{mid} {tp:.6f} {ta:.6f}\n" for mid, tp, ta in rows))
+        self._acks.flush()
+
+    def close(self) -> None:
+        if self._acks is not None:
+            self._acks.close()
+            self._acks = None
+
+
+def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    result.setdefault("pid", os.getpid())
+    out = spec["out"]
+    with open(out + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(out + ".tmp", out)
+
+
+def payload(seq: int) -> dict[str, Any]:
+    """A small payload that carries its publish time."""
+    return {"seq": seq, "t": time.time()}
+
+
+def publish_time(payload_obj: Any) -> float:
+    try:
+        return float(payload_obj["t"])
+    except (TypeError, KeyError, ValueError):
+        return float("nan")
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)

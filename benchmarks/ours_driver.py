@@ -1,0 +1,221 @@
+"""Benchmark driver for pawn-queue-sync (runs in this project's venv).
+
+``python benchmarks/ours_driver.py SPEC.json``; see :mod:`driverlib` for the protocol.
+Requests are counted with a hook on the S3Store's process-local boto3 client
+(``store._client().meta.events``), registered in every process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from driverlib import (
+    RequestCounter,
+    Sync,
+    cpu_seconds,
+    load_spec,
+    payload,
+    publish_time,
+    write_result,
+)
+
+from pawn_queue_sync import PawnQueue, load_config
+
+
+def _listen_available() -> bool:
+    try:
+        from pawn_queue_sync.runtime import listen  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    spec = load_spec()
+    sync = Sync(spec)
+    counter = RequestCounter()
+    pq = PawnQueue(load_config(spec["config"]))
+    pq.setup()
+    try:
+        counter.register(pq.store._client().meta.events)  # type: ignore[attr-defined]
+        topic = spec["topic"]
+        if spec.get("create_topic", True):
+            pq.create_topic(topic)
+        role = spec["role"]
+        result = ROLES[role](pq, spec, sync, counter, topic)
+        result["role"] = role
+        write_result(spec, result)
+    finally:
+        sync.close()
+        pq.teardown()
+
+
+def _window(counter: RequestCounter, sync: Sync, wait: bool = True) -> dict[str, Any]:
+    if wait:
+        sync.ready()
+        t0 = sync.wait_go()
+    else:
+        t0 = time.time()
+    return {"t_go": t0, "cpu0": cpu_seconds(), "req0": counter.snapshot()}
+
+
+def _close_window(w: dict[str, Any], counter: RequestCounter, **extra: Any) -> dict[str, Any]:
+    return {
+        "t_go": w["t_go"],
+        "t_end": time.time(),
+        "cpu": cpu_seconds() - w["cpu0"],
+        "requests": RequestCounter.diff(counter.snapshot(), w["req0"]),
+        **extra,
+    }
+
+
+def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
+                 topic: str) -> dict[str, Any]:
+    n = int(spec["n"])
+    producer = pq.register_producer(spec.get("name", "bench-producer"))
+    wait = spec.get("wait_go", True)
+    mode = spec.get("mode", "sequential")
+    rate = spec.get("rate")
+    chunk = int(spec.get("chunk", 0)) or n
+    w = _window(counter, sync, wait)
+    if mode == "batch":
+        threads = int(spec.get("threads", 16))
+        for start in range(0, n, chunk):
+            producer.publish_batch(
+                topic, [payload(i) for i in range(start, min(n, start + chunk))], threads=threads
+            )
+    else:
+        t_start = time.monotonic()
+        for i in range(n):
+            if rate:
+                delay = t_start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            producer.publish(topic, payload(i))
+    return _close_window(w, counter, n=n)
+
+
+def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
+                 topic: str) -> dict[str, Any]:
+    consumer = pq.register_consumer(spec.get("name", "bench-consumer"), topics=[topic])
+    interval = float(spec.get("interval", pq.config.polling.interval_seconds))
+    mode = spec.get("mode", "poll")
+    if mode == "listen" and not _listen_available():
+        mode = "poll"
+    w = _window(counter, sync)
+    done = 0
+    if mode == "listen":
+        done = _consume_listen(consumer, spec, sync)
+    else:
+        max_messages = spec.get("max_messages")
+        while not sync.stopped():
+            msgs = consumer.poll(max_messages)
+            if not msgs:
+                time.sleep(interval)
+                continue
+            consumer.ack_many(msgs)
+            t = time.time()
+            sync.record_acks([(m.id, publish_time(m.payload), t) for m in msgs])
+            done += len(msgs)
+    return _close_window(w, counter, n=done, mode=mode)
+
+
+def _consume_listen(consumer: Any, spec: dict[str, Any], sync: Sync) -> int:
+    """Consume with ``consumer.listen`` (its thread pool and batched acks). Ack times
+    are taken when ``ack_many`` returns, by wrapping it on this consumer instance."""
+    stop = threading.Event()
+    done = 0
+    ack_many = consumer.ack_many
+
+    def timed_ack_many(msgs: Any) -> None:
+        nonlocal done
+        msgs = list(msgs)
+        try:
+            ack_many(msgs)
+        finally:
+            t = time.time()
+            rows = [(m.id, publish_time(m.payload), t) for m in msgs if m.state == "acked"]
+            if rows:
+                sync.record_acks(rows)
+                done += len(rows)
+
+    consumer.ack_many = timed_ack_many
+
+    def watcher() -> None:
+        while not sync.stopped():
+            time.sleep(0.02)
+        stop.set()
+
+    th = threading.Thread(target=watcher, daemon=True)
+    th.start()
+    consumer.listen(lambda msg: None, max_workers=int(spec.get("workers", 8)), stop_event=stop)
+    th.join()
+    return done
+
+
+def role_poll_cost(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
+                   topic: str) -> dict[str, Any]:
+    """K single polls on a backlog: requests and seconds of each poll, and of its acks."""
+    consumer = pq.register_consumer(spec.get("name", "bench-scale"), topics=[topic])
+    max_messages = int(spec.get("max_messages", 10))
+    w = _window(counter, sync, spec.get("wait_go", False))
+    polls = []
+    for _ in range(int(spec.get("polls", 5))):
+        before, c0, t0 = counter.snapshot(), cpu_seconds(), time.perf_counter()
+        msgs = consumer.poll(max_messages)
+        poll_s, poll_cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        poll_req = RequestCounter.diff(counter.snapshot(), before)
+        mid = counter.snapshot()
+        if msgs:
+            consumer.ack_many(msgs)
+        polls.append({
+            "messages": len(msgs),
+            "seconds": poll_s,
+            "cpu": poll_cpu,
+            "requests": poll_req,
+            "ack_requests": RequestCounter.diff(counter.snapshot(), mid),
+        })
+    return _close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
+
+
+def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
+              topic: str) -> dict[str, Any]:
+    """An idle consumer for ``seconds``: how many requests does it make?"""
+    consumer = pq.register_consumer(spec.get("name", "bench-idle"), topics=[topic])
+    seconds = float(spec["seconds"])
+    interval = float(pq.config.polling.interval_seconds)
+    mode = spec.get("mode", "poll")
+    if mode == "listen" and not _listen_available():
+        mode = "poll"
+    w = _window(counter, sync, wait=False)
+    half: dict[str, Any] = {}
+    snap = threading.Timer(seconds / 2, lambda: half.update(counter.snapshot()))
+    snap.start()
+    if mode == "listen":
+        stop = threading.Event()
+        timer = threading.Timer(seconds, stop.set)
+        timer.start()
+        consumer.listen(lambda m: None, max_workers=2, stop_event=stop)
+        timer.cancel()
+    else:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not consumer.poll():
+                time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+    snap.join()
+    second_half = RequestCounter.diff(counter.snapshot(), half)
+    return _close_window(w, counter, seconds=seconds, interval=interval, mode=mode, n=0,
+                         second_half=second_half)
+
+
+ROLES = {
+    "publish": role_publish,
+    "consume": role_consume,
+    "poll_cost": role_poll_cost,
+    "idle": role_idle,
+}
+
+if __name__ == "__main__":
+    main()
