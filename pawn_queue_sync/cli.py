@@ -193,6 +193,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _progress(label: str, done: int, total: int) -> None:
+    """A progress bar on a terminal; silence when output goes to a file or a pipe."""
+    if not sys.stdout.isatty():
+        return
     width = 30
     filled = int(width * done / max(total, 1))
     sys.stdout.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
