@@ -19,11 +19,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow  # noqa: F401  (the Data Source API needs it: fail loudly, never skip)
 import pytest
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 from pyspark.sql import SparkSession
 
 from pawn_queue_sync import PawnQueue
