@@ -141,3 +141,25 @@ def quantile(values: list[float], q: float) -> float | None:
     lo = int(pos)
     hi = min(lo + 1, len(data) - 1)
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def open_window(counter: RequestCounter, sync: Sync, wait: bool = True) -> dict[str, Any]:
+    """Start a measured window: wait for the common go signal (or start now), and
+    remember the CPU time and request counts at its start."""
+    if wait:
+        sync.ready()
+        t0 = sync.wait_go()
+    else:
+        t0 = time.time()
+    return {"t_go": t0, "cpu0": cpu_seconds(), "req0": counter.snapshot()}
+
+
+def close_window(w: dict[str, Any], counter: RequestCounter, **extra: Any) -> dict[str, Any]:
+    """End a window: elapsed time, CPU and requests since ``open_window``."""
+    return {
+        "t_go": w["t_go"],
+        "t_end": time.time(),
+        "cpu": cpu_seconds() - w["cpu0"],
+        "requests": RequestCounter.diff(counter.snapshot(), w["req0"]),
+        **extra,
+    }

@@ -14,8 +14,10 @@ from typing import Any
 from driverlib import (
     RequestCounter,
     Sync,
+    close_window,
     cpu_seconds,
     load_spec,
+    open_window,
     payload,
     publish_time,
     write_result,
@@ -52,25 +54,6 @@ def main() -> None:
         pq.teardown()
 
 
-def _window(counter: RequestCounter, sync: Sync, wait: bool = True) -> dict[str, Any]:
-    if wait:
-        sync.ready()
-        t0 = sync.wait_go()
-    else:
-        t0 = time.time()
-    return {"t_go": t0, "cpu0": cpu_seconds(), "req0": counter.snapshot()}
-
-
-def _close_window(w: dict[str, Any], counter: RequestCounter, **extra: Any) -> dict[str, Any]:
-    return {
-        "t_go": w["t_go"],
-        "t_end": time.time(),
-        "cpu": cpu_seconds() - w["cpu0"],
-        "requests": RequestCounter.diff(counter.snapshot(), w["req0"]),
-        **extra,
-    }
-
-
 def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
                  topic: str) -> dict[str, Any]:
     n = int(spec["n"])
@@ -79,7 +62,7 @@ def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
     mode = spec.get("mode", "sequential")
     rate = spec.get("rate")
     chunk = int(spec.get("chunk", 0)) or n
-    w = _window(counter, sync, wait)
+    w = open_window(counter, sync, wait)
     if mode == "batch":
         threads = int(spec.get("threads", 16))
         for start in range(0, n, chunk):
@@ -94,7 +77,7 @@ def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
                 if delay > 0:
                     time.sleep(delay)
             producer.publish(topic, payload(i))
-    return _close_window(w, counter, n=n)
+    return close_window(w, counter, n=n)
 
 
 def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -104,7 +87,7 @@ def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
     mode = spec.get("mode", "poll")
     if mode == "listen" and not _listen_available():
         mode = "poll"
-    w = _window(counter, sync)
+    w = open_window(counter, sync)
     done = 0
     if mode == "listen":
         done = _consume_listen(consumer, spec, sync)
@@ -119,7 +102,7 @@ def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
             t = time.time()
             sync.record_acks([(m.id, publish_time(m.payload), t) for m in msgs])
             done += len(msgs)
-    return _close_window(w, counter, n=done, mode=mode)
+    return close_window(w, counter, n=done, mode=mode)
 
 
 def _consume_listen(consumer: Any, spec: dict[str, Any], sync: Sync) -> int:
@@ -160,7 +143,7 @@ def role_poll_cost(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Req
     """K single polls on a backlog: requests and seconds of each poll, and of its acks."""
     consumer = pq.register_consumer(spec.get("name", "bench-scale"), topics=[topic])
     max_messages = int(spec.get("max_messages", 10))
-    w = _window(counter, sync, spec.get("wait_go", False))
+    w = open_window(counter, sync, spec.get("wait_go", False))
     polls = []
     for _ in range(int(spec.get("polls", 5))):
         before, c0, t0 = counter.snapshot(), cpu_seconds(), time.perf_counter()
@@ -177,7 +160,7 @@ def role_poll_cost(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Req
             "requests": poll_req,
             "ack_requests": RequestCounter.diff(counter.snapshot(), mid),
         })
-    return _close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
+    return close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
 
 
 def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -189,7 +172,7 @@ def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestC
     mode = spec.get("mode", "poll")
     if mode == "listen" and not _listen_available():
         mode = "poll"
-    w = _window(counter, sync, wait=False)
+    w = open_window(counter, sync, wait=False)
     half: dict[str, Any] = {}
     snap = threading.Timer(seconds / 2, lambda: half.update(counter.snapshot()))
     snap.start()
@@ -206,7 +189,7 @@ def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestC
                 time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
     snap.join()
     second_half = RequestCounter.diff(counter.snapshot(), half)
-    return _close_window(w, counter, seconds=seconds, interval=interval, mode=mode, n=0,
+    return close_window(w, counter, seconds=seconds, interval=interval, mode=mode, n=0,
                          second_half=second_half)
 
 

@@ -20,8 +20,10 @@ from typing import Any
 from driverlib import (
     RequestCounter,
     Sync,
+    close_window,
     cpu_seconds,
     load_spec,
+    open_window,
     payload,
     publish_time,
     write_result,
@@ -49,32 +51,13 @@ async def main() -> None:
         await pq.teardown()
 
 
-def _window(counter: RequestCounter, sync: Sync, wait: bool = True) -> dict[str, Any]:
-    if wait:
-        sync.ready()
-        t0 = sync.wait_go()
-    else:
-        t0 = time.time()
-    return {"t_go": t0, "cpu0": cpu_seconds(), "req0": counter.snapshot()}
-
-
-def _close_window(w: dict[str, Any], counter: RequestCounter, **extra: Any) -> dict[str, Any]:
-    return {
-        "t_go": w["t_go"],
-        "t_end": time.time(),
-        "cpu": cpu_seconds() - w["cpu0"],
-        "requests": RequestCounter.diff(counter.snapshot(), w["req0"]),
-        **extra,
-    }
-
-
 async def role_publish(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
                        topic: str) -> dict[str, Any]:
     n = int(spec["n"])
     producer = await pq.register_producer(spec.get("name", "bench-producer"))
     mode = spec.get("mode", "sequential")
     rate = spec.get("rate")
-    w = _window(counter, sync, spec.get("wait_go", True))
+    w = open_window(counter, sync, spec.get("wait_go", True))
     if mode == "batch":  # pawn-queue has no batch call: publish concurrently
         await asyncio.gather(*(producer.publish(topic, payload(i)) for i in range(n)))
     else:
@@ -85,14 +68,14 @@ async def role_publish(pq: Any, spec: dict[str, Any], sync: Sync, counter: Reque
                 if delay > 0:
                     await asyncio.sleep(delay)
             await producer.publish(topic, payload(i))
-    return _close_window(w, counter, n=n)
+    return close_window(w, counter, n=n)
 
 
 async def role_consume(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
                        topic: str) -> dict[str, Any]:
     consumer = await pq.register_consumer(spec.get("name", "bench-consumer"), topics=[topic])
     interval = float(spec.get("interval", spec["config"]["polling"]["interval_seconds"]))
-    w = _window(counter, sync)
+    w = open_window(counter, sync)
     done = 0
     while not sync.stopped():
         msgs = await consumer.poll()
@@ -105,13 +88,13 @@ async def role_consume(pq: Any, spec: dict[str, Any], sync: Sync, counter: Reque
             rows.append((m.id, publish_time(m.payload), time.time()))
         sync.record_acks(rows)
         done += len(rows)
-    return _close_window(w, counter, n=done, mode="poll")
+    return close_window(w, counter, n=done, mode="poll")
 
 
 async def role_poll_cost(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
                          topic: str) -> dict[str, Any]:
     consumer = await pq.register_consumer(spec.get("name", "bench-scale"), topics=[topic])
-    w = _window(counter, sync, spec.get("wait_go", False))
+    w = open_window(counter, sync, spec.get("wait_go", False))
     polls = []
     for _ in range(int(spec.get("polls", 3))):
         before, c0, t0 = counter.snapshot(), cpu_seconds(), time.perf_counter()
@@ -128,7 +111,7 @@ async def role_poll_cost(pq: Any, spec: dict[str, Any], sync: Sync, counter: Req
             "requests": poll_req,
             "ack_requests": RequestCounter.diff(counter.snapshot(), mid),
         })
-    return _close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
+    return close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
 
 
 async def role_idle(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -139,7 +122,7 @@ async def role_idle(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestC
     async def handler(msg: Any) -> None:
         await msg.ack()
 
-    w = _window(counter, sync, wait=False)
+    w = open_window(counter, sync, wait=False)
     task = asyncio.create_task(consumer.listen(handler))
     await asyncio.sleep(seconds / 2)
     half = counter.snapshot()
@@ -149,7 +132,7 @@ async def role_idle(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestC
         await task
     interval = float(spec["config"]["polling"]["interval_seconds"])
     second_half = RequestCounter.diff(counter.snapshot(), half)
-    return _close_window(w, counter, seconds=seconds, interval=interval, mode="listen", n=0,
+    return close_window(w, counter, seconds=seconds, interval=interval, mode="listen", n=0,
                          second_half=second_half)
 
 
