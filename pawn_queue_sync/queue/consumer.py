@@ -18,18 +18,15 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import LeaseLostError, ObjectNotFound, PawnQueueError, StorageError
+from ..errors import LeaseLostError, ObjectNotFound, StorageError
 from ..protocol import lease as leases
 from ..protocol.effects import run
 from . import layout
 from .context import Context
 from .message import Message
 from .registry import NAMESPACE, RegistryEntry
-
-if TYPE_CHECKING:
-    import threading as _threading
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +385,7 @@ class Consumer:
         handler: Callable[[Message], Any],
         *,
         max_workers: int = 4,
-        stop_event: _threading.Event | None = None,
+        stop_event: threading.Event | None = None,
     ) -> None:
         """Block, handing each message to ``handler`` on a thread pool, until
         :meth:`stop`, ``stop_event`` or an error. See :mod:`pawn_queue_sync.runtime`."""
@@ -503,4 +500,4 @@ def _decode_message(raw: bytes, mid: str) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["Consumer", "PawnQueueError"]
+__all__ = ["Consumer"]

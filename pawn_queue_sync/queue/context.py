@@ -12,7 +12,7 @@ import attrs
 
 from ..clock import Clock
 from ..config import PawnQueueConfig
-from ..errors import TopicNotFoundError
+from ..errors import ObjectNotFound, TopicNotFoundError
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
 from . import layout
@@ -86,8 +86,6 @@ class Context:
         layout.validate_topic(topic)
         if topic in self._known_topics:
             return
-        from ..errors import ObjectNotFound
-
         try:
             self.store.head(layout.topic_marker_key(topic))
         except ObjectNotFound:
