@@ -72,6 +72,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType(
         "s3.region_name": "PAWNQUEUE_S3_REGION",
         "s3.use_ssl": "PAWNQUEUE_S3_USE_SSL",
         "s3.create_bucket": "PAWNQUEUE_S3_CREATE_BUCKET",
+        "s3.fast_path": "PAWNQUEUE_S3_FAST_PATH",
         "local.path": "PAWNQUEUE_LOCAL_PATH",
         "polling.interval_seconds": "PAWNQUEUE_POLLING_INTERVAL_SECONDS",
         "polling.max_messages_per_poll": "PAWNQUEUE_POLLING_MAX_MESSAGES_PER_POLL",
@@ -307,6 +308,12 @@ class S3Config:
         default="auto",
         validator=_choice(_ADDRESSING_STYLES),
         metadata={"kind": "str", "doc": "S3 addressing style: auto, path or virtual."},
+    )
+    fast_path: bool = _bool(
+        True,
+        "Send the hot requests (PUT, GET, HEAD, DELETE, DeleteObjects, ListObjectsV2) "
+        "signed by the library over urllib3 (about 3x less client CPU than boto3); "
+        "only with an endpoint_url, path addressing and no proxy. false: boto3 for all.",
     )
 
     def __attrs_post_init__(self) -> None:
@@ -741,6 +748,7 @@ class PawnQueueBuilder:
         max_attempts: int | None = None,
         max_pool_connections: int | None = None,
         addressing_style: AddressingStyle | None = None,
+        fast_path: bool | None = None,
     ) -> PawnQueueBuilder:
         """Use an S3-compatible store (calling this at all selects the s3 backend)."""
         self._values["s3"] = _PRESENT
@@ -758,6 +766,7 @@ class PawnQueueBuilder:
             max_attempts=max_attempts,
             max_pool_connections=max_pool_connections,
             addressing_style=addressing_style,
+            fast_path=fast_path,
         )
 
     def local(

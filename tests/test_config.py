@@ -833,6 +833,7 @@ PAWN_QUEUE_ENV_NAMES = {
 OUR_ENV_NAMES = {
     "local.path": "PAWNQUEUE_LOCAL_PATH",
     "s3.create_bucket": "PAWNQUEUE_S3_CREATE_BUCKET",
+    "s3.fast_path": "PAWNQUEUE_S3_FAST_PATH",
     "polling.max_delivery_count": "PAWNQUEUE_POLLING_MAX_DELIVERY_COUNT",
     "polling.claim_threads": "PAWNQUEUE_POLLING_CLAIM_THREADS",
     "publishing.max_payload_bytes": "PAWNQUEUE_PUBLISHING_MAX_PAYLOAD_BYTES",
@@ -853,6 +854,7 @@ def test_every_env_var_is_loaded(path: str, name: str) -> None:
         "s3.region_name": ("r-1", "r-1"),
         "s3.use_ssl": ("no", False),
         "s3.create_bucket": ("yes", True),
+        "s3.fast_path": ("false", False),
         "local.path": ("/p", "/p"),
         "concurrency.strategy": ("conditional_write", "conditional_write"),
         "polling.interval_seconds": ("1.5", 1.5),

@@ -47,9 +47,10 @@ CONNECTION_OPTIONS: Mapping[str, str] = {
     "secretKey": "s3.aws_secret_access_key",
     "useSsl": "s3.use_ssl",
     "addressingStyle": "s3.addressing_style",
+    "fastPath": "s3.fast_path",
     "localPath": "local.path",
 }
-_BOOL_OPTIONS = frozenset({"s3.use_ssl"})
+_BOOL_OPTIONS = frozenset({"s3.use_ssl", "s3.fast_path"})
 #: Option naming a YAML configuration file (read on the driver, where plans are made).
 CONFIG_PATH_OPTION = "configPath"
 #: Option names that would show a credential in plans: refused with a pointer.
@@ -67,7 +68,8 @@ def spark_options(config: ConfigSource) -> dict[str, str]:
         return {"localPath": cfg.local.path}
     s3 = cfg.s3
     out = {"bucketName": s3.bucket_name, "regionName": s3.region_name,
-           "useSsl": str(s3.use_ssl).lower(), "addressingStyle": s3.addressing_style}
+           "useSsl": str(s3.use_ssl).lower(), "addressingStyle": s3.addressing_style,
+           "fastPath": str(s3.fast_path).lower()}
     if s3.endpoint_url:
         out["endpointUrl"] = s3.endpoint_url
     if s3.aws_access_key_id and s3.aws_secret_access_key:

@@ -3,8 +3,10 @@
 One boto3 client per process, built lazily on first use and rebuilt after a fork
 (a client inherited across fork shares keep-alive sockets with the parent and has been
 seen returning other requests' bodies). Threads of one process share the client; boto3
-clients are thread-safe. Every botocore error is translated here into the library's
-:class:`~pawn_queue_sync.errors.StorageError` family, without credentials.
+clients are thread-safe. The hot requests take the fast path of :mod:`.s3_wire` where
+it applies (``s3.fast_path``), built and rebuilt with the client. Every error is
+translated here into the library's :class:`~pawn_queue_sync.errors.StorageError`
+family, without credentials.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConditionFailed, ObjectNotFound, StorageError, StoreUnavailable
+from . import s3_wire
 from .base import DELETE_BATCH, GetResult, Listing, ObjectInfo, PutResult, normalize_etag
+from .s3_wire import Answer, WireClient, WireUnavailable
 
 if TYPE_CHECKING:
     from ..config import S3Config
@@ -54,6 +58,7 @@ class S3Store:
         self._pool = config.max_pool_connections or max_pool_connections or 32
         self._lock = threading.Lock()
         self._client_obj: Any = None
+        self._wire_obj: WireClient | None = None
         self._client_pid: int | None = None
 
     # -- process-local client ------------------------------------------------------
@@ -76,16 +81,29 @@ class S3Store:
         return self._bucket
 
     def _client(self) -> Any:
-        """This process's client; built on first use and again after a fork."""
+        """This process's boto3 client; built on first use and again after a fork."""
         pid = os.getpid()
         client = self._client_obj
         if client is not None and self._client_pid == pid:
             return client
         with self._lock:
             if self._client_obj is None or self._client_pid != pid:
-                self._client_obj = self._build_client()
+                client, core = self._build_client()
+                self._wire_obj = self._build_wire(client, core)
+                self._client_obj = client
                 self._client_pid = pid
             return self._client_obj
+
+    def _wire(self) -> WireClient | None:
+        """This process's fast path, or None where it does not apply."""
+        if self._client_obj is None or self._client_pid != os.getpid():
+            self._client()
+        return self._wire_obj
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether the hot requests bypass boto3 in this process."""
+        return self._wire() is not None
 
     def _build_client(self) -> Any:
         import boto3
@@ -126,15 +144,55 @@ class S3Store:
         from botocore.handlers import add_expect_header
 
         client.meta.events.unregister("before-call.s3", add_expect_header)
-        return client
+        return client, core
+
+    def _build_wire(self, client: Any, core: Any) -> WireClient | None:
+        """The fast path for an explicit endpoint with path addressing, no proxy and
+        credentials at hand; None otherwise (boto3 then sends everything)."""
+        cfg = self._config
+        if not (cfg.fast_path and cfg.endpoint_url) or cfg.addressing_style == "virtual":
+            return None
+        from urllib.parse import urlsplit
+        from urllib.request import getproxies, proxy_bypass
+
+        parts = urlsplit(client.meta.endpoint_url)
+        if parts.scheme not in ("http", "https") or parts.query or parts.fragment:
+            return None
+        if parts.scheme in getproxies() and not proxy_bypass(parts.hostname or ""):
+            return None
+        if cfg.aws_access_key_id and cfg.aws_secret_access_key:
+            from botocore.credentials import Credentials
+
+            credentials: Any = Credentials(cfg.aws_access_key_id, cfg.aws_secret_access_key)
+        else:
+            credentials = core.get_credentials()
+        if credentials is None:
+            return None  # boto3 reports the missing credentials
+        from botocore.httpsession import get_cert_path
+
+        return WireClient(
+            endpoint_url=client.meta.endpoint_url,
+            bucket=self._bucket,
+            region=client.meta.region_name or "us-east-1",
+            credentials=credentials,
+            events=client.meta.events,
+            pool_size=self._pool,
+            connect_timeout=cfg.connect_timeout_seconds,
+            read_timeout=cfg.read_timeout_seconds,
+            max_attempts=cfg.max_attempts,
+            ca_bundle=core.get_config_variable("ca_bundle") or get_cert_path(True),
+        )
 
     def close(self) -> None:
         with self._lock:
             client, self._client_obj = self._client_obj, None
+            wire, self._wire_obj = self._wire_obj, None
             pid, self._client_pid = self._client_pid, None
         if client is not None and pid == os.getpid():
             try:
                 client.close()
+                if wire is not None:
+                    wire.close()
             except Exception:  # closing must never fail a shutdown
                 log.debug("error closing the S3 client", exc_info=True)
 
@@ -166,7 +224,13 @@ class S3Store:
         err = exc.response.get("Error", {})
         code = str(err.get("Code", ""))
         status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        text = self._redact(str(err.get("Message", "")))
+        return self._error(op, key, conditional, code, status, str(err.get("Message", "")))
+
+    def _error(
+        self, op: str, key: str | None, conditional: bool, code: str, status: str, message: str
+    ) -> StorageError:
+        """The library's error for a server's error answer."""
+        text = self._redact(message)
         if code in _CONDITION_CODES or status in ("412",) or (conditional and status == "409"):
             return ConditionFailed(f"{op}: condition failed ({code or status})", key=key)
         if code == "NoSuchBucket":
@@ -180,6 +244,23 @@ class S3Store:
                 f"{op}: access denied by {self.describe()} ({code}); check credentials", key=key
             )
         return StorageError(f"{op} failed: {code or status} {text}".rstrip(), key=key)
+
+    def _send(
+        self, op: str, key: str | None, conditional: bool, request: Any, *args: Any
+    ) -> Answer:
+        """One fast-path request; an error answer or no answer becomes a StorageError."""
+        try:
+            answer: Answer = request(*args)
+        except WireUnavailable as exc:
+            raise StoreUnavailable(f"{op} failed: {self._redact(str(exc))}", key=key) from None
+        except StorageError:
+            raise
+        except Exception as exc:  # e.g. credentials that fail to refresh
+            raise StorageError(f"{op} failed: {type(exc).__name__}", key=key) from None
+        if not answer.ok:
+            code, message = s3_wire.error_of(answer)
+            raise self._error(op, key, conditional, code, str(answer.status), message)
+        return answer
 
     def _redact(self, text: str) -> str:
         """Mask the credentials, also in the escaped and trimmed forms error texts quote
@@ -201,13 +282,7 @@ class S3Store:
 
     @staticmethod
     def _server_time(resp: dict[str, Any]) -> datetime | None:
-        date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-        if not date:
-            return None
-        try:
-            return parsedate_to_datetime(date).astimezone(timezone.utc)
-        except (TypeError, ValueError):
-            return None
+        return _http_date(resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date"))
 
     # -- the protocol ---------------------------------------------------------------
 
@@ -219,16 +294,38 @@ class S3Store:
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> PutResult:
+        conditional = if_none_match or if_match is not None
+        wire = self._wire()
+        if wire is not None:
+            headers = {}
+            if if_none_match:
+                headers["if-none-match"] = "*"
+            if if_match is not None:
+                headers["if-match"] = f'"{if_match}"'
+            answer = self._send("put_object", key, conditional, wire.put, key, body, headers)
+            return PutResult(
+                key, normalize_etag(answer.headers.get("etag")),
+                _http_date(answer.headers.get("date")),
+            )
         kwargs: dict[str, Any] = {"Key": key, "Body": body, "ContentType": "application/json"}
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
-        conditional = if_none_match or if_match is not None
         resp = self._call("put_object", key, conditional, **kwargs)
         return PutResult(key, normalize_etag(resp.get("ETag")), self._server_time(resp))
 
     def get(self, key: str) -> GetResult:
+        wire = self._wire()
+        if wire is not None:
+            answer = self._send("get_object", key, False, wire.get, key)
+            return GetResult(
+                key=key,
+                body=answer.body,
+                etag=normalize_etag(answer.headers.get("etag")),
+                last_modified=_utc(_http_date(answer.headers.get("last-modified"))),
+                server_time=_http_date(answer.headers.get("date")),
+            )
         resp = self._call("get_object", key, Key=key)
         try:
             body = resp["Body"].read()
@@ -245,6 +342,15 @@ class S3Store:
         )
 
     def head(self, key: str) -> ObjectInfo:
+        wire = self._wire()
+        if wire is not None:
+            h = self._send("head_object", key, False, wire.head, key).headers
+            return ObjectInfo(
+                key=key,
+                etag=normalize_etag(h.get("etag")),
+                size=int(h.get("content-length") or 0),
+                last_modified=_utc(_http_date(h.get("last-modified"))),
+            )
         resp = self._call("head_object", key, Key=key)
         return ObjectInfo(
             key=key,
@@ -254,6 +360,11 @@ class S3Store:
         )
 
     def delete(self, key: str, *, if_match: str | None = None) -> None:
+        wire = self._wire()
+        if wire is not None:
+            headers = {} if if_match is None else {"if-match": f'"{if_match}"'}
+            self._send("delete_object", key, if_match is not None, wire.delete, key, headers)
+            return
         kwargs: dict[str, Any] = {"Key": key}
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
@@ -262,15 +373,27 @@ class S3Store:
     def delete_many(self, keys: Iterable[str]) -> list[str]:
         keys = list(dict.fromkeys(keys))
         failed: list[str] = []
+        wire = self._wire()
         for i in range(0, len(keys), DELETE_BATCH):
             chunk = keys[i : i + DELETE_BATCH]
-            resp = self._call(
-                "delete_objects",
-                None,
-                Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
-            )
-            failed.extend(e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey")
+            if wire is not None:
+                answer = self._send("delete_objects", None, False, wire.delete_objects, chunk)
+                errors = self._parsed("delete_objects", s3_wire.delete_errors, answer.body)
+            else:
+                resp = self._call(
+                    "delete_objects",
+                    None,
+                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+                )
+                errors = [(e.get("Key", ""), e.get("Code", "")) for e in resp.get("Errors", [])]
+            failed.extend(k for k, code in errors if code != "NoSuchKey")
         return failed
+
+    def _parsed(self, op: str, parse: Any, body: bytes) -> Any:
+        try:
+            return parse(body)
+        except ValueError:
+            raise StorageError(f"{op}: the server's answer is not S3 XML") from None
 
     def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:
         kwargs: dict[str, Any] = {
@@ -303,27 +426,18 @@ class S3Store:
         server_time: datetime | None = None
         truncated = False
         while True:
-            kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": DELETE_BATCH}
+            max_keys = DELETE_BATCH
             if limit is not None:
-                kwargs["MaxKeys"] = max(1, min(DELETE_BATCH, limit - len(objects)))
-            if delimiter:
-                kwargs["Delimiter"] = delimiter
-            if token:
-                kwargs["ContinuationToken"] = token
-            resp = self._call("list_objects_v2", prefix, **kwargs)
-            server_time = self._server_time(resp) or server_time
-            for item in resp.get("Contents", []):
-                objects.append(
-                    ObjectInfo(
-                        key=item["Key"],
-                        etag=normalize_etag(item.get("ETag")),
-                        size=int(item.get("Size", 0)),
-                        last_modified=_utc(item.get("LastModified")),
-                    )
-                )
-            prefixes.extend(p["Prefix"] for p in resp.get("CommonPrefixes", []))
-            token = resp.get("NextContinuationToken")
-            more = bool(resp.get("IsTruncated")) and bool(token)
+                max_keys = max(1, min(DELETE_BATCH, limit - len(objects)))
+            page, page_time = self._list_page(prefix, max_keys, delimiter, token)
+            server_time = page_time or server_time
+            objects.extend(
+                ObjectInfo(key=k, etag=normalize_etag(e), size=size, last_modified=_utc(m))
+                for k, e, size, m in page.rows
+            )
+            prefixes.extend(page.prefixes)
+            token = page.token
+            more = token is not None
             if limit is not None and len(objects) >= limit:
                 truncated = more or len(objects) > limit
                 del objects[limit:]
@@ -332,6 +446,38 @@ class S3Store:
                 break
         return Listing(objects=objects, prefixes=prefixes, server_time=server_time,
                        truncated=truncated)
+
+    def _list_page(
+        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None
+    ) -> tuple[s3_wire.Page, datetime | None]:
+        """One ListObjectsV2 page, by whichever path applies."""
+        wire = self._wire()
+        if wire is not None:
+            answer = self._send(
+                "list_objects_v2", prefix, False, wire.list_objects, prefix, max_keys,
+                delimiter, token,
+            )
+            page = self._parsed("list_objects_v2", s3_wire.list_page, answer.body)
+            rows = [(k, e, s, _parse_timestamp(m) if m else None) for k, e, s, m in page.rows]
+            return s3_wire.Page(rows, page.prefixes, page.token), _http_date(
+                answer.headers.get("date")
+            )
+        kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": max_keys}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if token:
+            kwargs["ContinuationToken"] = token
+        resp = self._call("list_objects_v2", prefix, **kwargs)
+        rows = [
+            (item["Key"], item.get("ETag", ""), int(item.get("Size", 0)), item.get("LastModified"))
+            for item in resp.get("Contents", [])
+        ]
+        more = bool(resp.get("IsTruncated")) and bool(resp.get("NextContinuationToken"))
+        page = s3_wire.Page(
+            rows, [p["Prefix"] for p in resp.get("CommonPrefixes", [])],
+            resp.get("NextContinuationToken") if more else None,
+        )
+        return page, self._server_time(resp)
 
     def server_time(self) -> datetime:
         resp = self._call("head_bucket", None)
@@ -439,6 +585,16 @@ def _parse_timestamp(value: str) -> datetime:
         from botocore.utils import parse_timestamp
 
         return parse_timestamp(value)  # type: ignore[no-any-return]
+
+
+def _http_date(value: str | None) -> datetime | None:
+    """An HTTP date header as UTC; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).astimezone(timezone.utc)
+    except (TypeError, ValueError):
+        return None
 
 
 def _utc(value: Any) -> datetime:

@@ -1,0 +1,381 @@
+"""The fast path: the queue's hot S3 requests, signed by us and sent with urllib3.
+
+boto3 spends 2.5-3.5 ms of CPU on every request (model-driven serialisation, endpoint
+rules, event hooks, response parsing); the same PUT, GET, HEAD, DELETE, DeleteObjects and
+ListObjectsV2 signed here with SigV4 and sent through a urllib3 pool cost about a third
+of that, and client CPU is what bounds a consumer (docs/performance.md). Everything else
+(bucket checks, copies, the credential chain, errors boto3 knows) stays with boto3.
+
+Only used for an explicit ``endpoint_url`` with path-style addressing and no proxy:
+there the URL is plainly ``{endpoint}/{bucket}/{key}``; AWS's own endpoints (regional,
+virtual-hosted, FIPS, dual-stack) are botocore's job. Like botocore, every request
+emits ``before-send.s3.<Operation>`` on the boto3 client's event system (a handler may
+answer instead of the network, as moto's ``mock_aws`` does), and every answer
+``after-send.s3.<Operation>`` with ``http_response``; retries follow botocore's
+"standard" mode. The answer is handed back raw (:class:`Answer`); :mod:`.s3` turns
+it into the storage protocol's results and errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import random
+import threading
+import time
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, urlsplit
+from xml.sax.saxutils import escape
+
+import attrs
+
+__all__ = [
+    "Answer", "Page", "WireClient", "WireUnavailable", "delete_errors", "error_of", "list_page",
+]
+
+#: Answers botocore's "standard" retry mode retries (besides connection errors).
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_RETRY_CODES = frozenset(
+    {
+        "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+        "TooManyRequestsException", "RequestLimitExceeded", "BandwidthLimitExceeded",
+        "SlowDown", "RequestThrottled", "RequestTimeout", "RequestTimeoutException",
+        "PriorRequestNotComplete", "InternalError",
+    }
+)
+_MAX_BACKOFF = 20.0
+_UNRESERVED = "-_.~"
+
+
+class WireUnavailable(Exception):
+    """Every attempt failed without an answer (connection refused, timeout, ...)."""
+
+
+@attrs.frozen
+class Answer:
+    """An HTTP answer: status, lower-cased headers, body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+@attrs.frozen
+class _Request:
+    op: str
+    method: str
+    path: str  # already quoted
+    query: tuple[tuple[str, str], ...]
+    headers: dict[str, str]
+    body: bytes
+
+
+class WireClient:
+    """SigV4-signed requests on one bucket over a urllib3 pool. Thread-safe; one per
+    process (built by :class:`~pawn_queue_sync.storage.s3.S3Store` after a fork)."""
+
+    def __init__(
+        self,
+        *,
+        endpoint_url: str,
+        bucket: str,
+        region: str,
+        credentials: Any,
+        events: Any,
+        pool_size: int,
+        connect_timeout: float,
+        read_timeout: float,
+        max_attempts: int,
+        ca_bundle: str | None = None,
+    ) -> None:
+        import urllib3
+
+        parts = urlsplit(endpoint_url)
+        self._scheme = parts.scheme
+        self._host = parts.netloc
+        self._base = parts.path.rstrip("/") + "/" + quote(bucket, safe="")
+        self._region = region
+        self._credentials = credentials
+        self._events = events
+        self._attempts = max(1, max_attempts)
+        self._keys: dict[tuple[str, str], bytes] = {}
+        self._keys_lock = threading.Lock()
+        pool_kwargs: dict[str, Any] = {
+            "maxsize": pool_size,
+            "block": False,
+            "retries": False,
+            "timeout": urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+        }
+        if self._scheme == "https":
+            if ca_bundle:
+                pool_kwargs["ca_certs"] = ca_bundle
+            pool_cls: Any = urllib3.HTTPSConnectionPool
+        else:
+            pool_cls = urllib3.HTTPConnectionPool
+        # one pool for the one host: no URL parsing and pool lookup per request
+        self._pool = pool_cls(parts.hostname, parts.port, **pool_kwargs)
+        self._url_prefix = f"{self._scheme}://{self._host}"
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- requests ------------------------------------------------------------------
+
+    def put(self, key: str, body: bytes, headers: dict[str, str]) -> Answer:
+        headers = {"content-type": "application/json", **headers}
+        return self._send(_Request("PutObject", "PUT", self._key_path(key), (), headers, body))
+
+    def get(self, key: str) -> Answer:
+        return self._send(_Request("GetObject", "GET", self._key_path(key), (), {}, b""))
+
+    def head(self, key: str) -> Answer:
+        return self._send(_Request("HeadObject", "HEAD", self._key_path(key), (), {}, b""))
+
+    def delete(self, key: str, headers: dict[str, str]) -> Answer:
+        return self._send(
+            _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b"")
+        )
+
+    def delete_objects(self, keys: list[str]) -> Answer:
+        """One DeleteObjects request, quiet (the answer lists failures only)."""
+        items = "".join(f"<Object><Key>{escape(k)}</Key></Object>" for k in keys)
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Quiet>true</Quiet>{items}</Delete>"
+        ).encode()
+        md5 = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
+        headers = {"content-md5": md5, "content-type": "application/xml"}
+        return self._send(
+            _Request("DeleteObjects", "POST", self._base, (("delete", ""),), headers, body)
+        )
+
+    def list_objects(
+        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None
+    ) -> Answer:
+        query = [("encoding-type", "url"), ("list-type", "2"), ("max-keys", str(max_keys)),
+                 ("prefix", prefix)]
+        if delimiter:
+            query.append(("delimiter", delimiter))
+        if token:
+            query.append(("continuation-token", token))
+        return self._send(
+            _Request("ListObjectsV2", "GET", self._base, tuple(query), {}, b"")
+        )
+
+    def _key_path(self, key: str) -> str:
+        return f"{self._base}/{quote(key, safe='/' + _UNRESERVED)}"
+
+    # -- sending, with botocore's standard retries ------------------------------------
+
+    def _send(self, req: _Request) -> Answer:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                answer = self._attempt(req)
+            except WireUnavailable:
+                if attempt >= self._attempts:
+                    raise
+            else:
+                if not _retryable(answer) or attempt >= self._attempts:
+                    return answer
+            time.sleep(random.random() * min(_MAX_BACKOFF, 2.0 ** (attempt - 1)))
+
+    def _attempt(self, req: _Request) -> Answer:
+        import urllib3
+
+        query = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(req.query))
+        headers = self._sign(req, query)
+        target = req.path + (f"?{query}" if query else "")
+        answer = self._hooked(req, self._url_prefix + target, headers)
+        if answer is None:
+            try:
+                resp = self._pool.urlopen(
+                    req.method, target, body=req.body or None, headers=headers,
+                    redirect=False, retries=False, preload_content=True,
+                )
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                # never the exception's text: a malformed header's error quotes it
+                raise WireUnavailable(
+                    f"{type(exc).__name__} talking to {self._url_prefix}"
+                ) from None
+            answer = Answer(
+                resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.data or b""
+            )
+        self._events.emit(f"after-send.s3.{req.op}", http_response=_Status(answer.status))
+        return answer
+
+    def _hooked(self, req: _Request, url: str, headers: dict[str, str]) -> Answer | None:
+        """botocore's ``before-send``: counters see the request, a mock may answer it."""
+        from botocore.awsrequest import AWSPreparedRequest
+
+        prepared = AWSPreparedRequest(req.method, url, headers, req.body or None, False)
+        for _, reply in self._events.emit(f"before-send.s3.{req.op}", request=prepared):
+            if reply is not None:
+                return Answer(
+                    int(reply.status_code),
+                    {str(k).lower(): str(v) for k, v in reply.headers.items()},
+                    bytes(reply.content or b""),
+                )
+        return None
+
+    # -- SigV4 -----------------------------------------------------------------------
+
+    def _sign(self, req: _Request, query: str) -> dict[str, str]:
+        creds = self._credentials.get_frozen_credentials()
+        now = datetime.now(timezone.utc)
+        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+        day = amz_date[:8]
+        payload = hashlib.sha256(req.body).hexdigest()
+        headers = {
+            **req.headers,
+            "host": self._host,
+            "x-amz-content-sha256": payload,
+            "x-amz-date": amz_date,
+        }
+        if creds.token:
+            headers["x-amz-security-token"] = creds.token
+        names = sorted(headers)
+        canonical = "\n".join(
+            [req.method, req.path, query, *(f"{n}:{headers[n].strip()}" for n in names), "",
+             ";".join(names), payload]
+        )
+        scope = f"{day}/{self._region}/s3/aws4_request"
+        to_sign = "\n".join(
+            ["AWS4-HMAC-SHA256", amz_date, scope,
+             hashlib.sha256(canonical.encode("utf-8")).hexdigest()]
+        )
+        key = self._signing_key(creds.secret_key, day)
+        signature = hmac.new(key, to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
+        headers["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
+            f"SignedHeaders={';'.join(names)}, Signature={signature}"
+        )
+        del headers["host"]  # urllib3 sends it from the URL
+        return headers
+
+    def _signing_key(self, secret: str, day: str) -> bytes:
+        cache_key = (hashlib.sha256(secret.encode("utf-8")).hexdigest(), day)
+        key = self._keys.get(cache_key)
+        if key is None:
+            key = hmac.new(("AWS4" + secret).encode("utf-8"), day.encode(), hashlib.sha256).digest()
+            for part in (self._region, "s3", "aws4_request"):
+                key = hmac.new(key, part.encode("utf-8"), hashlib.sha256).digest()
+            with self._keys_lock:
+                if len(self._keys) > 8:
+                    self._keys.clear()
+                self._keys[cache_key] = key
+        return key
+
+
+@attrs.frozen
+class _Status:
+    """What ``after-send`` handlers get as ``http_response``: the status code."""
+
+    status_code: int
+
+
+def _q(text: str) -> str:
+    return quote(text, safe=_UNRESERVED)
+
+
+def _retryable(answer: Answer) -> bool:
+    if answer.status in _RETRY_STATUS:
+        return True
+    if answer.status >= 400 and answer.body:
+        return error_of(answer)[0] in _RETRY_CODES
+    return False
+
+
+# -- reading answers ----------------------------------------------------------------------
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _xml(body: bytes) -> ET.Element | None:
+    try:
+        return ET.fromstring(body)
+    except ET.ParseError:
+        return None
+
+
+def error_of(answer: Answer) -> tuple[str, str]:
+    """(code, message) of an error answer; the status when the body says nothing
+    (HEAD answers have no body)."""
+    root = _xml(answer.body) if answer.body else None
+    code = message = ""
+    if root is not None:
+        for child in root:
+            name = _local(child.tag)
+            if name == "Code":
+                code = child.text or ""
+            elif name == "Message":
+                message = child.text or ""
+    return code or str(answer.status), message
+
+
+@attrs.frozen
+class Page:
+    """One ListObjectsV2 page: (key, etag, size, last modified) rows, common prefixes,
+    the continuation token when more remain."""
+
+    rows: list[tuple[str, str, int, Any]]
+    prefixes: list[str]
+    token: str | None
+
+
+def list_page(body: bytes) -> Page:
+    """Parse a ListObjectsV2 answer sent with ``encoding-type=url``."""
+    from urllib.parse import unquote_plus as unquote  # as botocore: S3 sends a space as "+"
+
+    root = _xml(body)
+    if root is None:
+        raise ValueError("unreadable ListObjectsV2 answer")
+    rows: list[tuple[str, str, int, Any]] = []
+    prefixes: list[str] = []
+    token: str | None = None
+    truncated = False
+    encoded = False
+    for child in root:
+        name = _local(child.tag)
+        if name == "Contents":
+            fields = {_local(f.tag): f.text or "" for f in child}
+            rows.append(
+                (fields.get("Key", ""), fields.get("ETag", ""), int(fields.get("Size") or 0),
+                 fields.get("LastModified", ""))
+            )
+        elif name == "CommonPrefixes":
+            prefixes.extend(f.text or "" for f in child if _local(f.tag) == "Prefix")
+        elif name == "NextContinuationToken":
+            token = child.text
+        elif name == "IsTruncated":
+            truncated = (child.text or "").strip().lower() == "true"
+        elif name == "EncodingType":
+            encoded = (child.text or "").strip().lower() == "url"
+    if encoded:
+        rows = [(unquote(k), e, s, m) for k, e, s, m in rows]
+        prefixes = [unquote(p) for p in prefixes]
+    return Page(rows, prefixes, token if truncated else None)
+
+
+def delete_errors(body: bytes) -> list[tuple[str, str]]:
+    """(key, code) of every failure a DeleteObjects answer lists."""
+    root = _xml(body)
+    if root is None:
+        raise ValueError("unreadable DeleteObjects answer")
+    out: list[tuple[str, str]] = []
+    for child in root:
+        if _local(child.tag) == "Error":
+            fields = {_local(f.tag): f.text or "" for f in child}
+            out.append((fields.get("Key", ""), fields.get("Code", "")))
+    return out
