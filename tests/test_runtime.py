@@ -768,3 +768,37 @@ def test_close_stops_a_running_listener_and_leaves_no_thread() -> None:
     assert len(handled) >= 1
     assert len(pending) == 20 - len(handled)  # handled ones acked, the rest still there
     assert store.list(layout.leases_prefix(TOPIC)).objects == []  # unstarted ones released
+
+
+def test_an_idle_listener_lists_once_per_interval_from_the_start(
+    cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an empty topic every pause between polls is at least ``interval_seconds``
+    from the first poll on, and each poll is one LIST: <= 1 request per interval. The
+    pauses are recorded, not slept: the listener stops after the fourth."""
+    pq = open_queue(cfg)
+    consumer = pq.register_consumer("idle", [TOPIC])
+    sent: Counter[str] = Counter()
+    pq.store._client().meta.events.register(  # type: ignore[attr-defined]
+        "before-send.s3", lambda event_name, **_: sent.update([event_name.rsplit(".", 1)[-1]])
+    )
+    waits: list[float] = []
+    original = listen_module.Listener._wait
+
+    def recorded(self: Listener, seconds: float) -> bool:
+        if threading.current_thread().name.startswith("pawnq-poll-"):
+            waits.append(seconds)
+            if len(waits) >= 4:
+                self.stop()
+                return True
+            return False  # no sleeping: the next poll follows at once
+        return original(self, seconds)
+
+    monkeypatch.setattr(listen_module.Listener, "_wait", recorded)
+    try:
+        consumer.listen(lambda msg: None, max_workers=2)
+    finally:
+        pq.close()
+    assert len(waits) == 4
+    assert all(w >= POLLING["interval_seconds"] for w in waits), waits
+    assert sent == Counter({"ListObjectsV2": 4}), sent

@@ -6,7 +6,8 @@ Threads of one :class:`Listener` (all joined before :meth:`Listener.run` returns
   messages per poll; a slot is taken before a message is submitted and given back by
   the future's done-callback (s3transfer's ``BoundedExecutor``), so claimed but
   unstarted messages never outnumber idle workers. A poll that found messages polls
-  again at once; empty polls back off exponentially up to ``polling.interval_seconds``;
+  again at once; empty polls after one that found messages back off exponentially up to
+  ``polling.interval_seconds`` (before the first message: that interval from the start);
   store errors are logged and retried with backoff, never fatal;
 * the **handler pool** (``max_workers`` threads) runs the handler. Returns -> ack
   (unless the handler settled the message itself); raises -> retried after an
@@ -418,7 +419,9 @@ class Listener:
 
     def _poll_loop(self) -> None:
         max_empty_wait = max(self._polling.interval_seconds, EMPTY_POLL_WAIT_S)
-        empty_wait = EMPTY_POLL_WAIT_S
+        # The fast ramp follows the tail of a burst; before the first message there is
+        # none to follow, so an idle start costs one listing per interval from the start.
+        empty_wait = max_empty_wait
         error_wait = POLL_ERROR_WAIT_S
         idle_since: float | None = None
         try:
