@@ -1,18 +1,23 @@
 """A deterministic simulated S3 for protocol generators (see pawn_queue_sync.protocol).
 
-Actors are protocol generators yielding Put/Head/Get/Delete/Sleep effects. Each request
-travels to the server with a one-way delay, is applied there at its arrival time on the
-virtual clock, and its answer travels back with another delay; both delays are chosen
-by the test, per actor and per request. Sleep advances only that actor's time. Events
-at the same virtual time run in the order they were scheduled, so a run is a pure
-function of its inputs.
+Actors are protocol generators yielding Put/Head/Get/Delete/List/Sleep/Now/Parallel
+effects. Each request travels to the server with a one-way delay, is applied there at
+its arrival time on the virtual clock, and its answer travels back with another delay;
+both delays are chosen by the test, per actor and per request. Sleep advances only that
+actor's time; Now answers the virtual time at once. Parallel runs its branches as
+concurrent requests: each branch's requests draw the next delays of the actor in the
+order they are sent, and the actor resumes when the last branch ends. Events at the
+same virtual time run in the order they were scheduled, so a run is a pure function of
+its inputs.
 
 The server: last-writer-wins objects, ETag = md5 of the body, read-after-write, and
 If-None-Match / If-Match honoured only when the flag says so (a server that ignores
 them simply applies the write). LastModified and Date may be truncated to
 ``time_resolution`` seconds, as real servers do (SeaweedFS: 1 s).
 
-Every applied mutation is logged with the version it replaced, so tests can ask who
+A List answers every key under the prefix as it stands when the request arrives (a
+read-after-write consistent listing, one snapshot). Every applied mutation is logged
+with the version it replaced (a branch's under its actor's name), so tests can ask who
 overwrote or deleted whose lease.
 """
 
@@ -29,8 +34,18 @@ import attrs
 
 from pawn_queue_sync.encoding import md5_hex
 from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound
-from pawn_queue_sync.protocol.effects import Delete, Effect, Get, Head, Put, Sleep
-from pawn_queue_sync.storage.base import GetResult, ObjectInfo, PutResult
+from pawn_queue_sync.protocol.effects import (
+    Delete,
+    Effect,
+    Get,
+    Head,
+    List,
+    Now,
+    Parallel,
+    Put,
+    Sleep,
+)
+from pawn_queue_sync.storage.base import GetResult, Listing, ObjectInfo, PutResult
 
 ORIGIN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -77,12 +92,25 @@ class Outcome:
         return self.finished_at is not None
 
 
+#: Called with (value, error) when a Parallel branch ends.
+_Join = Callable[[Any, "BaseException | None"], None]
+
+
 @attrs.define
 class _Actor:
     name: str
     gen: Generator[Effect, Any, Any]
     delays: DelaySpec
     outcome: Outcome = attrs.field(factory=Outcome)
+    #: A Parallel branch: the actor whose delays and request count it shares, and what
+    #: to call when it ends (instead of setting its outcome).
+    root: _Actor | None = None
+    join: _Join | None = None
+
+    @property
+    def counter(self) -> Outcome:
+        """Where this actor's requests are counted (and its delays indexed)."""
+        return (self.root or self).outcome
 
 
 class SimS3:
@@ -144,7 +172,7 @@ class SimS3:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def _delay(self, actor: _Actor, effect: Effect) -> tuple[float, float]:
-        spec, i = actor.delays, actor.outcome.requests
+        spec, i = actor.delays, actor.counter.requests
         if callable(spec):
             d = spec(i, effect)
         elif isinstance(spec, Sequence) and not isinstance(spec, tuple):
@@ -166,16 +194,22 @@ class SimS3:
             else:
                 effect = actor.gen.send(result)
         except StopIteration as stop:
-            actor.outcome.value, actor.outcome.finished_at = stop.value, self.now
+            self._end(actor, stop.value, None)
             return
         except Exception as exc:  # the protocol raised: that is its outcome
-            actor.outcome.error, actor.outcome.finished_at = exc, self.now
+            self._end(actor, None, exc)
             return
         if isinstance(effect, Sleep):
             self._at(self.now + max(0.0, effect.seconds), lambda: self._step(actor, None, None))
             return
+        if isinstance(effect, Now):
+            self._at(self.now, lambda: self._step(actor, self.now, None))
+            return
+        if isinstance(effect, Parallel):
+            self._fork(actor, effect.branches)
+            return
         to, back = self._delay(actor, effect)
-        actor.outcome.requests += 1
+        actor.counter.requests += 1
 
         def arrive() -> None:
             try:
@@ -186,10 +220,41 @@ class SimS3:
 
         self._at(self.now + to, arrive)
 
+    def _end(self, actor: _Actor, value: Any, error: BaseException | None) -> None:
+        if actor.join is not None:
+            actor.join(value, error)
+            return
+        actor.outcome.value, actor.outcome.error = value, error
+        actor.outcome.finished_at = self.now
+
+    def _fork(self, actor: _Actor, branches: tuple[Generator[Effect, Any, Any], ...]) -> None:
+        """Start every branch now, as actors of their own sharing ``actor``'s name and
+        delays; resume ``actor`` with their results (or the first error) after the last."""
+        results: list[Any] = [None] * len(branches)
+        errors: list[BaseException | None] = [None] * len(branches)
+        left = [len(branches)]
+
+        def joiner(i: int) -> _Join:
+            def join(value: Any, error: BaseException | None) -> None:
+                results[i], errors[i] = value, error
+                left[0] -= 1
+                if not left[0]:
+                    first = next((e for e in errors if e is not None), None)
+                    self._step(actor, None if first else results, first)
+
+            return join
+
+        if not branches:
+            self._at(self.now, lambda: self._step(actor, [], None))
+        for i, gen in enumerate(branches):
+            branch = _Actor(actor.name, gen, actor.delays, root=actor.root or actor,
+                            join=joiner(i))
+            self._at(self.now, lambda b=branch: self._step(b, None, None, first=True))
+
     # -- the server ---------------------------------------------------------------------------
 
     def _apply(self, actor: str, effect: Effect) -> Any:
-        cur = self.objects.get(effect.key)
+        cur = self.objects.get(getattr(effect, "key", ""))
         if isinstance(effect, Put):
             if self.if_none_match and effect.if_none_match and cur is not None:
                 raise ConditionFailed("put: exists", key=effect.key)
@@ -208,6 +273,8 @@ class SimS3:
             if cur is not None:
                 self._mutate(actor, "delete", effect.key, cur, None)
             return None
+        if isinstance(effect, List):
+            return self._list(effect.prefix)
         if cur is None:
             raise ObjectNotFound("no such key", key=effect.key)
         if isinstance(effect, Head):
@@ -217,6 +284,14 @@ class SimS3:
                 effect.key, cur.body, cur.etag, self.wall(cur.written_at), self.wall()
             )
         raise TypeError(f"unknown effect {effect!r}")
+
+    def _list(self, prefix: str) -> Listing:
+        """Every key under ``prefix`` as it stands now, in byte order."""
+        objects = [
+            ObjectInfo(key, v.etag, len(v.body), self.wall(v.written_at))
+            for key, v in sorted(self.objects.items()) if key.startswith(prefix)
+        ]
+        return Listing(objects, server_time=self.wall())
 
     def _mutate(
         self, actor: str, op: str, key: str, before: Version | None, after: Version | None

@@ -1,5 +1,6 @@
 """Leases on a real server (SeaweedFS): exactly one winner under contention, and each
 defect of pawn-queue 0.1.3 (issue 3, items 1-7) scripted and shown not to happen here.
+csprng_verify consumers claim each poll's candidates as one batch (claim_csprng_batch).
 
 Requests are ordered with :class:`Scripted`, a store wrapper that delegates to the real
 S3Store and can hold a chosen request until an Event is set, fail it, or signal when it
@@ -21,6 +22,7 @@ import attrs
 import pytest
 
 from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, load_config
+from pawn_queue_sync.clock import SystemClock
 from pawn_queue_sync.protocol.lease import is_stale
 from pawn_queue_sync.queue import layout
 from pawn_queue_sync.queue.core import build_store
@@ -192,6 +194,23 @@ def hold_until(reached: threading.Event, go: threading.Event) -> Callable[[], No
     return before
 
 
+class JumpingClock(SystemClock):
+    """The system clock whose monotonic time can be moved ahead: a listing can age
+    past its freshness without the test waiting for it."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.ahead
+
+    def jump(self, seconds: float) -> Callable[[], None]:
+        def hook() -> None:
+            self.ahead += seconds
+
+        return hook
+
+
 @attrs.define
 class Site:
     """One bucket on SeaweedFS and the queues opened on it (closed at the end)."""
@@ -199,11 +218,13 @@ class Site:
     base: dict[str, Any]
     stack: ExitStack
 
-    def queue(self, strategy: str, **overrides: Any) -> tuple[PawnQueue, Scripted]:
+    def queue(
+        self, strategy: str, clock: SystemClock | None = None, **overrides: Any
+    ) -> tuple[PawnQueue, Scripted]:
         cfg = load_config(deep_merge(deep_merge(self.base, STRATEGIES[strategy]), overrides))
         store = Scripted(build_store(cfg))
         self.stack.callback(store.close)
-        pq = PawnQueue(cfg, store=store)
+        pq = PawnQueue(cfg, store=store, clock=clock or SystemClock())
         pq.setup()
         self.stack.callback(pq.teardown)
         pq.create_topic(TOPIC)
@@ -285,6 +306,57 @@ def test_ten_claimers_twenty_rounds_exactly_one_winner(site, strategy):
             got[0].ack()
     assert len(delivered) == 20 and set(delivered.values()) == {1}
     store = claimers[0][1]
+    assert pending(store) == 0 and leases(store) == {}
+
+
+@pytest.mark.slow
+def test_ten_batch_claimers_three_messages_a_round_one_winner_each(site):
+    """csprng_verify claims a poll's candidates as one batch, verified by listings:
+    every message still has exactly one winner, and the claims cost no HEADs (the old
+    protocol made 5 per claim; one appears only when a listing went stale)."""
+    producer_q, _ = site.queue("csprng_verify")
+    producer = producer_q.register_producer("p")
+    claimers = [site.consumer("csprng_verify", f"c{i}") for i in range(10)]
+    barrier = threading.Barrier(len(claimers))
+
+    def claim(consumer):
+        barrier.wait(DEADLINE)
+        return consumer.poll(max_messages=3)
+
+    with ThreadPoolExecutor(len(claimers)) as pool:
+        for rnd in range(10):
+            ids = producer.publish_batch(TOPIC, [{"round": rnd, "n": n} for n in range(3)])
+            futures = [pool.submit(claim, c) for c, _store in claimers]
+            got = [m for f in futures for m in f.result(DEADLINE * 2)]
+            assert sorted(m.id for m in got) == sorted(ids), f"round {rnd}"
+            for m in got:
+                m.ack()
+    lease_prefix = layout.leases_prefix(TOPIC)
+    puts = sum(store.count("put", lease_prefix) for _c, store in claimers)
+    heads = sum(store.count("head", lease_prefix) for _c, store in claimers)
+    assert puts >= 30 and heads < puts
+    store = claimers[0][1]
+    assert pending(store) == 0 and leases(store) == {}
+
+
+def test_csprng_batch_costs_about_two_requests_per_message(site):
+    """One consumer drains 60 messages, 20 a poll: per poll a LIST of leases and of
+    messages, a PUT per lease, 3 verification LISTs (verify_retries=1: 2 rounds and
+    the final one), a GET per message and 2 DeleteObjects for the acks: 2.4 a message."""
+    producer_q, _ = site.queue("csprng_verify")
+    producer_q.register_producer("p").publish_batch(TOPIC, [{"n": n} for n in range(60)])
+    c, store = site.consumer("csprng_verify", "c")
+    store.reset()  # the registration's requests
+    delivered: list[str] = []
+    while batch := c.poll(max_messages=20):
+        delivered.extend(m.id for m in batch)
+        c.ack_many(batch)
+    assert len(delivered) == len(set(delivered)) == 60
+    ops = store.by_op()
+    heads = ops.pop("head", 0)  # only if a poll took longer than jitter_min: none here
+    assert ops == Counter({"list": 3 * 5 + 2, "put": 60, "get": 60, "delete_many": 6}), (
+        ops, heads)
+    assert heads <= 60
     assert pending(store) == 0 and leases(store) == {}
 
 
@@ -481,14 +553,37 @@ def test_6_an_error_listing_leases_never_frees_a_message(site, strategy):
 
 
 def test_6_csprng_an_error_checking_the_lease_key_claims_nothing(site):
+    """The poll's lease listing is too old by the time the batch claims (the clock
+    jumps past jitter_min after it): the key gets a HEAD, which fails."""
     producer_q, _ = site.queue("csprng_verify")
     producer_q.register_producer("p").publish(TOPIC, {"n": 6})
-    b, b_store = site.consumer("csprng_verify", "b")
+    clock = JumpingClock()
+    b, b_store = site.consumer("csprng_verify", "b", clock=clock)
+    jump = clock.jump(2 * CSPRNG_SETTINGS["jitter_min_ms"] / 1000)
+    b_store.on("list", layout.leases_prefix(TOPIC), after=jump)
     b_store.on("head", layout.leases_prefix(TOPIC), fail=StorageError("injected: 500"))
     b_store.reset()
     assert b.poll() == []
+    assert b_store.count("head", layout.leases_prefix(TOPIC)) == 1
     assert b_store.count("put") == 0 and leases(b_store) == {}
     assert pending(b_store) == 1
+
+
+def test_6_csprng_an_error_verifying_a_batch_claims_nothing(site):
+    """The first verification LIST fails: nothing is delivered, and the lease we wrote
+    (maybe ours, unproven) is left to go stale rather than trusted or deleted."""
+    producer_q, _ = site.queue("csprng_verify")
+    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 6})
+    b, b_store = site.consumer("csprng_verify", "b")
+    fail_next = lambda: b_store.on(  # noqa: E731 -- the LIST after the poll's own
+        "list", layout.leases_prefix(TOPIC), fail=StorageError("injected: 503"))
+    b_store.on("list", layout.leases_prefix(TOPIC), after=fail_next)
+    b_store.reset()
+    assert b.poll() == []
+    assert b_store.count("put", layout.leases_prefix(TOPIC)) == 1
+    assert b_store.count("get") == 0
+    assert list(leases(b_store)) == [mid] and pending(b_store) == 1
+    assert b.poll() == []  # the lease is live: the message waits for it to go stale
 
 
 # -- defect 7: concurrent registrations ---------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from pawn_queue_sync.encoding import md5_hex
 from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound
-from pawn_queue_sync.protocol.effects import Delete, Get, Head, Put, Sleep
+from pawn_queue_sync.protocol.effects import Delete, Get, Head, List, Now, Parallel, Put, Sleep
 from tests.sim_s3 import ORIGIN, SimS3
 
 
@@ -127,3 +127,66 @@ def test_an_exception_raised_by_the_protocol_is_its_outcome():
     sim.run()
     assert isinstance(out.error, ObjectNotFound)
     assert out.done
+
+
+def test_list_answers_the_keys_under_the_prefix_as_they_stand_at_arrival():
+    sim = SimS3(time_resolution=1.0)
+    sim.spawn("w", script(Put("p/b", b"b"), Put("p/a", b"a"), Put("q/c", b"c"))(sim))
+    lister = sim.spawn("l", script(List("p/"))(sim), start=1.5, delays=[(0.5, 3.0)])
+    late = sim.spawn("late", script(Put("p/z", b"z"))(sim), start=2.5)
+    sim.run()
+    ((t, listing),) = lister.value
+    assert t == pytest.approx(5.0)
+    assert [(o.key, o.etag) for o in listing.objects] == [
+        ("p/a", md5_hex(b"a")), ("p/b", md5_hex(b"b"))
+    ]  # p/z was written after the LIST arrived (2.0), before its answer came back
+    assert listing.server_time == ORIGIN.replace(second=2)
+    assert late.done and lister.requests == 1
+
+
+def test_now_is_the_virtual_time_and_costs_no_request():
+    sim = SimS3()
+    a = sim.spawn("a", script(Now(), Sleep(1.25), Now())(sim), start=2.0, delays=9.0)
+    sim.run()
+    assert [r for _, r in a.value] == [2.0, None, 3.25]
+    assert a.requests == 0
+
+
+def test_parallel_branches_are_concurrent_requests_with_their_own_delays():
+    """Three PUTs at once: each branch draws the actor's next delay as it sends, the
+    writes land by their own delays, the actor resumes after the slowest answer, and
+    the log names the actor."""
+    sim = SimS3()
+    branches = (script(Put("k", b"0")), script(Put("k", b"1")), script(Head("k"), Put("j", b"2")))
+    a = sim.spawn(
+        "a", script(Parallel(tuple(b(sim) for b in branches)), Now())(sim),
+        delays=[(0.3, 0.0), (0.1, 0.5), (0.2, 0.0), 0.05],
+    )
+    sim.run()
+    (t_par, results), (_, now) = a.value
+    assert [(e.key, e.after.body, round(e.at, 3)) for e in sim.log] == [
+        ("k", b"1", 0.1), ("j", b"2", 0.25), ("k", b"0", 0.3)
+    ]
+    assert {e.actor for e in sim.log} == {"a"}
+    assert t_par == now == pytest.approx(0.6)  # branch 1's answer: 0.1 + 0.5
+    assert results[2][0][1].etag == md5_hex(b"1")  # the HEAD (0.2) saw branch 1's PUT
+    assert a.requests == 4
+
+
+def test_parallel_raises_the_first_error_after_every_branch_ended():
+    def caught(sim, effect):
+        try:
+            yield effect
+        except ObjectNotFound as exc:
+            return (sim.now, exc)
+
+    def missing():
+        yield Head("x")
+
+    sim = SimS3()
+    a = sim.spawn("a", caught(sim, Parallel((missing(),
+                                            script(Sleep(2.0), Put("k", b"v"))(sim)))))
+    sim.run()
+    t, exc = a.value
+    assert isinstance(exc, ObjectNotFound) and t == pytest.approx(2.0)
+    assert "k" in sim.objects

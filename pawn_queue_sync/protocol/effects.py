@@ -4,11 +4,15 @@ A protocol is a generator that yields effects (:class:`Put`, :class:`Head`, ...)
 receives each effect's result (or has its exception thrown in). :func:`run` drives it
 against a real store and clock; the simulated S3 in the tests drives the very same
 generator on a virtual clock with chosen request delays.
+
+:class:`Parallel` runs several protocols at once (the real runner: on a thread pool
+when given one), so a batch of requests overlaps as concurrent requests would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import attrs
@@ -44,16 +48,39 @@ class Delete:
 
 
 @attrs.frozen
+class List:
+    """Every object under ``prefix`` (all pages); the result is a ``storage.base.Listing``
+    whose objects carry each key's ETag."""
+
+    prefix: str
+
+
+@attrs.frozen
 class Sleep:
     seconds: float
 
 
-Effect = Put | Head | Get | Delete | Sleep
+@attrs.frozen
+class Now:
+    """Read the client's monotonic clock (seconds): how a protocol measures its own
+    delays, e.g. how old a listing it relies on has become."""
+
+
+@attrs.frozen(eq=False)
+class Parallel:
+    """Run ``branches`` (protocols) concurrently; the result is their results in order.
+    If a branch raises, the first such error is raised once every branch has ended."""
+
+    branches: tuple[Generator[Any, Any, Any], ...]
+
+
+Effect = Put | Head | Get | Delete | List | Sleep | Now | Parallel
 Protocol = Generator[Effect, Any, T]
 
 
-def perform(effect: Effect, store: Store, clock: Clock) -> Any:
-    """Carry out one effect for real."""
+def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = None) -> Any:
+    """Carry out one effect for real; :class:`Parallel` branches run on ``pool`` (one
+    after the other without one)."""
     if isinstance(effect, Put):
         return store.put(
             effect.key, effect.body, if_none_match=effect.if_none_match, if_match=effect.if_match
@@ -64,18 +91,49 @@ def perform(effect: Effect, store: Store, clock: Clock) -> Any:
         return store.get(effect.key)
     if isinstance(effect, Delete):
         return store.delete(effect.key, if_match=effect.if_match)
+    if isinstance(effect, List):
+        return store.list(effect.prefix)
     if isinstance(effect, Sleep):
         return clock.sleep(effect.seconds)
+    if isinstance(effect, Now):
+        return clock.monotonic()
+    if isinstance(effect, Parallel):
+        return _parallel(effect.branches, store, clock, pool)
     raise TypeError(f"unknown effect {effect!r}")
 
 
-def run(protocol: Protocol[T], store: Store, clock: Clock) -> T:
-    """Drive a protocol generator to completion against a store and a clock."""
+def _parallel(
+    branches: tuple[Protocol[Any], ...], store: Store, clock: Clock, pool: Executor | None
+) -> list[Any]:
+    """Run every branch to its end, on ``pool`` if there is one and more than one branch.
+    Branches get no pool: a nested Parallel runs in line rather than wait on its own pool."""
+    if pool is None or len(branches) < 2:
+        outcomes = [_outcome(b, store, clock) for b in branches]
+    else:
+        futures = [pool.submit(_outcome, b, store, clock) for b in branches]
+        outcomes = [f.result() for f in futures]
+    for _, error in outcomes:
+        if error is not None:
+            raise error
+    return [value for value, _ in outcomes]
+
+
+def _outcome(protocol: Protocol[T], store: Store, clock: Clock) -> tuple[Any, Exception | None]:
+    """(result, None) or (None, the exception the protocol raised)."""
+    try:
+        return run(protocol, store, clock), None
+    except Exception as exc:
+        return None, exc
+
+
+def run(protocol: Protocol[T], store: Store, clock: Clock, pool: Executor | None = None) -> T:
+    """Drive a protocol generator to completion against a store and a clock; ``pool``
+    runs the branches of :class:`Parallel` effects."""
     try:
         effect = next(protocol)
         while True:
             try:
-                result = perform(effect, store, clock)
+                result = perform(effect, store, clock, pool)
             except Exception as exc:  # hand the failure to the protocol to decide
                 effect = protocol.throw(exc)
             else:

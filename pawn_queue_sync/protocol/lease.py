@@ -16,18 +16,22 @@ unchanged against a real store and against the simulated one in the tests.
 
 from __future__ import annotations
 
+import functools
 import random
 import secrets
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
 
 from ..encoding import canonical_json, iso, md5_hex
-from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound
-from .effects import Delete, Head, Protocol, Put, Sleep
+from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound, StorageError
+from .effects import Delete, Head, List, Now, Parallel, Protocol, Put, Sleep
 
 Strategy = Literal["conditional_write", "csprng_verify"]
+#: What a claim still holds during verification: one token, or key -> token for a batch.
+H = TypeVar("H", str | None, dict[str, str])
 
 #: Extra seconds a lease must be past its visibility timeout before anyone removes it;
 #: absorbs the one-second resolution of LastModified and Date.
@@ -42,6 +46,10 @@ class CsprngSettings:
     jitter_max_ms: int = 400
     verify_retries: int = 2
     verify_retry_delay_ms: int = 150
+    #: The server's LIST is read-after-write consistent (AWS S3, SeaweedFS, MinIO): a
+    #: consumer may check and verify a whole batch of claims with listings. False: one
+    #: claim at a time with HEADs (:func:`claim_csprng`).
+    consistent_list: bool = True
 
 
 @attrs.frozen
@@ -142,23 +150,97 @@ def claim_csprng(
     """
     rng = rng or random.SystemRandom()
     token = body.token
-    try:
-        yield Head(key)
-    except ObjectNotFound:
-        pass
-    else:
+    if not (yield from _free(key)):
         return None  # someone holds it already: never overwrite a lease blindly
     yield Put(key, body.encode())
+    return (yield from _verify(settings, rng, token, functools.partial(_kept, key)))
+
+
+def _verify(
+    settings: CsprngSettings, rng: random.Random, held: H, check: Callable[[H], Protocol[H]]
+) -> Protocol[H]:
+    """Steps 2-4 after the write(s): a random jitter, ``verify_retries + 1`` rounds
+    ``verify_retry_delay_ms`` apart, then ``jitter_min`` and a final round. ``check`` is
+    one round: what of ``held`` is still ours (falsy: nothing, and we stop)."""
     yield Sleep(rng.uniform(settings.jitter_min_ms, settings.jitter_max_ms) / 1000.0)
     for attempt in range(settings.verify_retries + 1):
         if attempt:
             yield Sleep(settings.verify_retry_delay_ms / 1000.0)
-        if not (yield from _still_ours(key, token)):
-            return None
+        held = yield from check(held)
+        if not held:
+            return held
     yield Sleep(settings.jitter_min_ms / 1000.0)
-    if not (yield from _still_ours(key, token)):
+    return (yield from check(held))
+
+
+def _kept(key: str, token: str | None) -> Protocol[str | None]:
+    """One verification round of a single claim: our token, or None once it is gone."""
+    return token if token and (yield from _still_ours(key, token)) else None
+
+
+def _free(key: str) -> Protocol[bool]:
+    """True when no object (lease) exists at ``key``."""
+    try:
+        yield Head(key)
+    except ObjectNotFound:
+        return True
+    return False
+
+
+def listing_fresh_for(settings: CsprngSettings) -> float:
+    """How long after *sending* a LIST of the lease prefix its "key free" may stand in
+    for a HEAD of the key: jitter_min. The key was free when the server built the
+    listing, after we sent it; our PUT, sent within jitter_min of that and arriving
+    within jitter_min more (the bound), lands under 2 x jitter_min after the check,
+    as a HEAD-then-PUT does (docs/guarantees.md)."""
+    return settings.jitter_min_ms / 1000.0
+
+
+def claim_csprng_batch(
+    prefix: str,
+    claims: Sequence[tuple[str, LeaseBody]],
+    listed_at: float,
+    settings: CsprngSettings,
+    rng: random.Random | None = None,
+    fresh_for: float | None = None,
+) -> Protocol[list[str | None]]:
+    """:func:`claim_csprng` for many lease keys under ``prefix`` at once; returns our
+    token or None per claim, in order. Needs a read-after-write consistent LIST.
+
+    The keys must have been free (or reaped) after a LIST of ``prefix`` sent at
+    ``listed_at`` (the monotonic clock): that listing is the "is it free" check while
+    younger than ``fresh_for`` (default :func:`listing_fresh_for`); later, a HEAD per key.
+    All PUTs go in parallel, one jitter follows the last answer, and every verification
+    round is one LIST in which a claim survives only while its key shows our token.
+    """
+    rng = rng or random.SystemRandom()
+    until = listed_at + (listing_fresh_for(settings) if fresh_for is None else fresh_for)
+    written = yield Parallel(tuple(_put_if_free(key, body, until) for key, body in claims))
+    held = {key: token for (key, _), token in zip(claims, written) if token is not None}
+    if held:
+        held = yield from _verify(settings, rng, held, functools.partial(_still_listed, prefix))
+    return [held.get(key) for key, _ in claims]
+
+
+def _put_if_free(key: str, body: LeaseBody, fresh_until: float) -> Protocol[str | None]:
+    """Write our lease unless the key is held: the caller's listing says it is free
+    until ``fresh_until``, later a HEAD must. Returns our token, or None (held, or an
+    error: a lease we may have written goes stale and is reaped)."""
+    try:
+        if (yield Now()) > fresh_until and not (yield from _free(key)):
+            return None
+        yield Put(key, body.encode())
+    except StorageError:
         return None
-    return token
+    return body.token
+
+
+def _still_listed(prefix: str, held: dict[str, str]) -> Protocol[dict[str, str]]:
+    """One verification round for a batch: the claims whose key the listing shows with
+    our token (absent or another ETag: lost for good, as our bytes are unique)."""
+    listing = yield List(prefix)
+    etags = {info.key: info.etag for info in listing.objects}
+    return {key: token for key, token in held.items() if etags.get(key) == token}
 
 
 def _still_ours(key: str, token: str) -> Protocol[bool]:

@@ -3,9 +3,11 @@
 A poll makes one LIST of the topic's leases (LIST metadata is enough to judge them by
 the server's clock), removes stale ones only if unchanged, makes one LIST of pending
 messages, then claims candidates in parallel on a thread pool: lease first, then the
-message body. A claim whose message has vanished (acked meanwhile) gives its lease
-back. Malformed or foreign objects are moved to the dead-letter prefix with a reason
-and never break a poll.
+message body. With csprng_verify the candidates' leases are claimed as one batch (the
+lease LIST is the "is it free" check, listings verify), then the bodies are fetched in
+parallel. A claim whose message has vanished (acked meanwhile) gives its lease back.
+Malformed or foreign objects are moved to the dead-letter prefix with a reason and
+never break a poll.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
+
+import attrs
 
 from ..errors import LeaseLostError, ObjectNotFound, StorageError
 from ..protocol import lease as leases
@@ -29,6 +33,8 @@ from .message import Message
 from .registry import NAMESPACE, RegistryEntry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 _REQUIRED_FIELDS = ("id", "payload")
 #: How many stale leases one poll removes at most (the rest wait for the next poll).
@@ -118,13 +124,13 @@ class Consumer:
             )
             if not listing.objects:
                 return []
-            live = self._live_leases(topic)
+            live, listed_at = self._live_leases(topic)
             if listing.truncated and len(listing.objects) < window + len(live) + 8:
                 listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
         else:
             # Busy: leases first, so a message acked between the two listings is not
             # mistaken for a free one (that costs a claim, a GET and a release for nothing).
-            live = self._live_leases(topic)
+            live, listed_at = self._live_leases(topic)
             listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
         self._leases_seen[topic] = len(live)
         self._idle[topic] = not listing.objects
@@ -141,20 +147,32 @@ class Consumer:
             return []
         if len(candidates) > want:
             candidates = self._rng.sample(candidates, want)
-        if len(candidates) == 1:
-            results = [self._claim_safely(topic, *candidates[0])]
+        if self._claims_in_batches():
+            results = self._claim_batch(topic, candidates, listed_at)
         else:
-            threads = self._ctx.config.polling.claim_threads
-            pool = self._ctx.pool("claim", threads)
-            futures = [pool.submit(self._claim_safely, topic, k, m) for k, m in candidates]
-            results = [f.result() for f in futures]
+            results = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
         got = [m for m in results if m is not None]
         self._contended[topic] = len(got) < len(candidates)
         return got
 
-    def _live_leases(self, topic: str) -> set[str]:
-        """Ids of messages under a live lease; stale leases are reaped if unchanged.
-        A lease we cannot judge counts as live: an error never frees a message."""
+    def _claims_in_batches(self) -> bool:
+        """csprng_verify on a server whose LIST is consistent: one batch claim per poll."""
+        ctx = self._ctx
+        return ctx.caps.strategy == "csprng_verify" and ctx.csprng.consistent_list
+
+    def _in_parallel(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``fn`` of every item, on the claim pool when there is more than one."""
+        if len(items) == 1:
+            return [fn(items[0])]
+        pool = self._ctx.pool("claim", self._ctx.config.polling.claim_threads)
+        futures = [pool.submit(fn, item) for item in items]
+        return [f.result() for f in futures]
+
+    def _live_leases(self, topic: str) -> tuple[set[str], float]:
+        """Ids of messages under a live lease, and when (monotonic) the LIST that found
+        them was sent; stale leases are reaped if unchanged. A lease we cannot judge
+        counts as live: an error never frees a message."""
+        listed_at = self._ctx.clock.monotonic()
         listing = self._ctx.store.list(layout.leases_prefix(topic))
         now = listing.server_time or self._ctx.store.server_time()
         live: set[str] = set()
@@ -179,7 +197,7 @@ class Consumer:
             except StorageError as exc:
                 log.warning("could not reap lease %s: %s", info.key, exc)
                 live.add(mid)
-        return live
+        return live, listed_at
 
     def _claim_safely(self, topic: str, key: str, mid: str) -> Message | None:
         try:
@@ -200,8 +218,51 @@ class Consumer:
         )
         if token is None:
             return None
+        return self._fetch(topic, _Won(key, mid, lease_key, token, started))
+
+    def _claim_batch(
+        self, topic: str, candidates: Sequence[tuple[str, str]], listed_at: float
+    ) -> list[Message | None]:
+        """Claim all candidates' leases in one csprng batch (``listed_at``: when the lease
+        LIST that found them free was sent), then fetch the won messages in parallel."""
+        ctx = self._ctx
+        claims = [
+            (layout.lease_key(topic, mid),
+             leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility))
+            for _key, mid in candidates
+        ]
+        started = ctx.clock.monotonic()
+        pool = ctx.pool("claim", ctx.config.polling.claim_threads)
         try:
-            got = ctx.store.get(key)
+            tokens = run(
+                leases.claim_csprng_batch(
+                    layout.leases_prefix(topic), claims, listed_at, ctx.csprng, self._rng
+                ),
+                ctx.store, ctx.clock, pool,
+            )
+        except StorageError as exc:  # leases we wrote go stale and are reaped
+            log.warning("claim of %d message(s) on %s failed: %s", len(claims), topic, exc)
+            return []
+        won = [
+            _Won(key, mid, lease_key, token, started)
+            for (key, mid), (lease_key, _body), token in zip(candidates, claims, tokens)
+            if token is not None
+        ]
+        return self._in_parallel(lambda w: self._fetch_safely(topic, w), won) if won else []
+
+    def _fetch_safely(self, topic: str, won: _Won) -> Message | None:
+        try:
+            return self._fetch(topic, won)
+        except StorageError as exc:
+            log.warning("fetch of %s failed: %s", won.key, exc)
+            return None
+
+    def _fetch(self, topic: str, won: _Won) -> Message | None:
+        """Read the message whose lease we won; give the lease back if it has vanished
+        or cannot be read, and dead-letter it if malformed."""
+        key, mid, lease_key, token = won.key, won.mid, won.lease_key, won.token
+        try:
+            got = self._ctx.store.get(key)
         except ObjectNotFound:  # acked by someone else between our listing and our claim
             self._drop_lease(lease_key, token)
             return None
@@ -224,7 +285,7 @@ class Consumer:
             key=key,
             lease_key=lease_key,
             lease_token=token,
-            lease_written_at=started,
+            lease_written_at=won.started,
             delivery_count=(attempts if isinstance(attempts, int) else 0) + 1,
             body=doc,
             etag=got.etag,
@@ -417,7 +478,7 @@ class Consumer:
 
     def janitor(self, topic: str | None = None) -> int:
         """Remove stale leases now; returns how many leases are live afterwards."""
-        return sum(len(self._live_leases(t)) for t in ([topic] if topic else self._topics))
+        return sum(len(self._live_leases(t)[0]) for t in ([topic] if topic else self._topics))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -482,6 +543,18 @@ class Consumer:
             self._ctx.store.copy(key, dl_key)
         self._ctx.store.delete(key)
         log.warning("moved %s to %s: %s", key, dl_key, reason)
+
+
+@attrs.frozen
+class _Won:
+    """A claim we won: the message key, its id, our lease and when we started writing
+    it (monotonic; the time fence counts the lease's age from there)."""
+
+    key: str
+    mid: str
+    lease_key: str
+    token: str
+    started: float
 
 
 def _decode_message(raw: bytes, mid: str) -> dict[str, Any]:
