@@ -86,6 +86,7 @@ ENV_VARS: Mapping[str, str] = MappingProxyType(
         "concurrency.csprng_verify.jitter_max_ms": "PAWNQUEUE_CSPRNG_JITTER_MAX_MS",
         "concurrency.csprng_verify.verify_retries": "PAWNQUEUE_CSPRNG_VERIFY_RETRIES",
         "concurrency.csprng_verify.verify_retry_delay_ms": "PAWNQUEUE_CSPRNG_RETRY_DELAY_MS",
+        "concurrency.csprng_verify.consistent_list": "PAWNQUEUE_CSPRNG_CONSISTENT_LIST",
         "registry.heartbeat_interval_seconds": "PAWNQUEUE_REGISTRY_HEARTBEAT_INTERVAL",
         "publishing.max_payload_bytes": "PAWNQUEUE_PUBLISHING_MAX_PAYLOAD_BYTES",
         "publishing.batch_threads": "PAWNQUEUE_PUBLISHING_BATCH_THREADS",
@@ -383,6 +384,11 @@ class CsprngVerifyConfig:
     jitter_max_ms: int = _int(400, "Longest random wait before verifying (>= the minimum).", ge=0)
     verify_retries: int = _int(2, "Extra verification reads.", ge=0)
     verify_retry_delay_ms: int = _int(150, "Delay between verification reads.", ge=0)
+    consistent_list: bool = _bool(
+        True,
+        "The store's LIST shows a write at once (AWS S3, SeaweedFS, MinIO): claim a poll's "
+        "messages as one batch verified by listings; false: verify each claim by HEADs.",
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.jitter_max_ms < self.jitter_min_ms:
@@ -806,6 +812,7 @@ class PawnQueueBuilder:
         jitter_max_ms: int | None = None,
         verify_retries: int | None = None,
         verify_retry_delay_ms: int | None = None,
+        consistent_list: bool | None = None,
     ) -> PawnQueueBuilder:
         """Lease strategy and csprng_verify tuning."""
         self._set("concurrency", strategy=strategy)
@@ -815,6 +822,7 @@ class PawnQueueBuilder:
             jitter_max_ms=jitter_max_ms,
             verify_retries=verify_retries,
             verify_retry_delay_ms=verify_retry_delay_ms,
+            consistent_list=consistent_list,
         )
 
     def registry(self, *, heartbeat_interval_seconds: float | None = None) -> PawnQueueBuilder:

@@ -53,6 +53,13 @@ CSPRNG = {
         },
     }
 }
+#: csprng_verify with the per-key HEAD protocol (stores whose listings lag)
+CSPRNG_PER_KEY = {
+    "concurrency": {
+        **CSPRNG["concurrency"],
+        "csprng_verify": {**CSPRNG["concurrency"]["csprng_verify"], "consistent_list": False},
+    }
+}
 #: A worker thread still busy after this long is stuck: fail, never hang.
 DEADLINE = 60.0
 
@@ -247,6 +254,33 @@ def test_fifo_order(backend: Backend) -> None:
         assert keys(pq, "fifo/messages/") == []
 
 
+def test_with_a_rival_holding_leases_picks_spread_beyond_the_oldest(backend: Backend) -> None:
+    """Consumers polling together would race for the same oldest keys: once a poll
+    sees leases that are not its own, it picks at random among 8x as many candidates
+    (alone, as test_fifo_order shows, strictly oldest first)."""
+    with backend.queue() as pq:
+        pq.create_topic("spread")
+        ids = pq.register_producer("p").publish_batch("spread", [{"n": n} for n in range(200)])
+        rival = pq.register_consumer("rival", ["spread"])
+        held = rival.poll(2)
+        assert [m.id for m in held] == ids[:2]  # alone: the two oldest
+        consumer = pq.register_consumer("c", ["spread"])
+        picked: set[str] = set()
+        for _ in range(5):  # each poll: 4 claims among the 32 oldest free messages
+            got = consumer.poll(4)
+            assert len(got) == 4
+            assert {m.id for m in got} <= set(ids[2:2 + 32 + len(picked)])
+            picked |= {m.id for m in got}
+            for msg in got:
+                msg.ack()
+        # 20 claims: strictly oldest first would be exactly ids[2:22]; 20 random picks
+        # among ~32-52 candidates land all in the first 20 with probability < 1e-9
+        assert picked != set(ids[2:22])
+        assert len(picked) == 20
+        for msg in held:
+            msg.ack()
+
+
 # --------------------------------------------------------------------------- fidelity
 
 FIDELITY_PAYLOADS: list[Any] = [
@@ -348,7 +382,10 @@ def test_publish_batch_ids_in_input_order_all_delivered(backend: Backend) -> Non
 # --------------------------------------------------------------------------- concurrency
 
 
-@pytest.mark.parametrize("strategy", [CONDITIONAL, CSPRNG], ids=["conditional_write", "csprng"])
+@pytest.mark.parametrize(
+    "strategy", [CONDITIONAL, CSPRNG, CSPRNG_PER_KEY],
+    ids=["conditional_write", "csprng", "csprng-per-key"],
+)
 def test_three_consumers_no_duplicate_no_loss(backend: Backend, strategy: dict[str, Any]) -> None:
     with backend.queue() as pq:
         pq.create_topic("work")
@@ -359,6 +396,9 @@ def test_three_consumers_no_duplicate_no_loss(backend: Backend, strategy: dict[s
         list(pool.map(PawnQueue.setup, queues))
     try:
         assert [q.strategy for q in queues] == [wanted] * 3
+        if wanted == "csprng_verify":  # batch claims, or the per-key protocol
+            batch = strategy is CSPRNG
+            assert [q.context.csprng.consistent_list for q in queues] == [batch] * 3
 
         acked = [0]  # messages acked by all workers together
         changed = threading.Condition()

@@ -39,8 +39,9 @@ R = TypeVar("R")
 _REQUIRED_FIELDS = ("id", "payload")
 #: How many stale leases one poll removes at most (the rest wait for the next poll).
 _REAP_PER_POLL = 200
-#: After a poll lost claims, the next one picks among this many times more candidates.
-_CONTENDED_WINDOW = 4
+#: With rivals about, a poll picks its claims at random among this many times more
+#: candidates than it wants, so consumers polling together rarely race for one key.
+_CONTENDED_WINDOW = 8
 
 
 class Consumer:
@@ -61,8 +62,10 @@ class Consumer:
         self._lock = threading.Lock()
         self._inflight: dict[str, Message] = {}
         self._leases_seen: dict[str, int] = {}
-        #: topic -> our last poll there lost claims (to rivals, or to acks under way)
+        #: topic -> our last poll there saw rivals: lost claims, or leases not ours
         self._contended: dict[str, bool] = {}
+        #: ids of messages acked whose leases are being deleted (still ours meanwhile)
+        self._releasing: set[str] = set()
         #: topic -> our last poll there found no pending message
         self._idle: dict[str, bool] = {}
 
@@ -96,8 +99,8 @@ class Consumer:
 
     def poll(self, max_messages: int | None = None) -> list[Message]:
         """Claim up to ``max_messages`` (default ``polling.max_messages_per_poll``)
-        messages, oldest first within a topic (at random among the oldest after a poll
-        that lost claims to other consumers); topics take turns being first."""
+        messages, oldest first within a topic (at random among the oldest when other
+        consumers hold leases there or took keys from us); topics take turns first."""
         want = max_messages or self._ctx.config.polling.max_messages_per_poll
         got: list[Message] = []
         start = self._rr
@@ -111,9 +114,11 @@ class Consumer:
 
     def _poll_topic(self, topic: str, want: int) -> list[Message]:
         prefix = layout.messages_prefix(topic)
-        # After a poll that lost claims, pick at random among the oldest
-        # _CONTENDED_WINDOW x want, so consumers polling together stop racing for the
-        # same keys (SeaweedFS answers losing conditional PUTs slowly); else oldest first.
+        # With rivals about (a poll lost claims, or saw leases that are not ours), pick
+        # at random among the oldest _CONTENDED_WINDOW x want, so consumers polling
+        # together seldom race for one key (a lost conditional PUT is a request wasted,
+        # and SeaweedFS answers it slowly); alone, oldest first. A wider listing is
+        # still one request.
         window = want * _CONTENDED_WINDOW if self._contended.get(topic) else want
         if self._idle.get(topic, True):
             # Idle (or first) poll: messages first, so an empty topic costs one request.
@@ -125,12 +130,16 @@ class Consumer:
             if not listing.objects:
                 return []
             live, listed_at = self._live_leases(topic)
+            rivals = self._rivals_hold(topic, live)
             if listing.truncated and len(listing.objects) < window + len(live) + 8:
                 listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
         else:
             # Busy: leases first, so a message acked between the two listings is not
             # mistaken for a free one (that costs a claim, a GET and a release for nothing).
             live, listed_at = self._live_leases(topic)
+            rivals = self._rivals_hold(topic, live)
+            if rivals:
+                window = want * _CONTENDED_WINDOW
             listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
         self._leases_seen[topic] = len(live)
         self._idle[topic] = not listing.objects
@@ -152,8 +161,15 @@ class Consumer:
         else:
             results = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
         got = [m for m in results if m is not None]
-        self._contended[topic] = len(got) < len(candidates)
+        self._contended[topic] = rivals or len(got) < len(candidates)
         return got
+
+    def _rivals_hold(self, topic: str, live: set[str]) -> bool:
+        """Whether some live lease on ``topic`` is not ours: others consume here."""
+        with self._lock:
+            ours = {m.id for m in self._inflight.values() if m.topic == topic}
+            ours |= self._releasing
+        return not live <= ours
 
     def _claims_in_batches(self) -> bool:
         """csprng_verify on a server whose LIST is consistent: one batch claim per poll."""
@@ -340,12 +356,17 @@ class Consumer:
             todo = [m for m in todo if self._fresh(m)]
         if todo:
             self._delete([m.key for m in todo])
+            with self._lock:  # still our leases until deleted (see _rivals_hold)
+                self._releasing.update(m.id for m in todo)
             for msg in todo:
                 self._settled(msg, "acked")
             try:
                 self._delete([m.lease_key for m in todo])
             except StorageError as exc:  # harmless: orphan leases go stale and are reaped
                 log.warning("acked, but could not delete %d lease(s): %s", len(todo), exc)
+            finally:
+                with self._lock:
+                    self._releasing.difference_update(m.id for m in todo)
         if lost:
             raise LeaseLostError(lost[0].id, f"{len(lost)} message(s) not acked")
 

@@ -46,6 +46,7 @@ class Context:
             jitter_max_ms=cv.jitter_max_ms,
             verify_retries=cv.verify_retries,
             verify_retry_delay_ms=cv.verify_retry_delay_ms,
+            consistent_list=cv.consistent_list,
         )
 
     @property
