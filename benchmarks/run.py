@@ -75,7 +75,7 @@ def sizes(quick: bool) -> dict[str, Any]:
     return {
         "publish_seq": 2000, "publish_batch": 10000,
         "consume_cw": {OURS: 1500, PQ: 1500}, "consume_cw_3": {OURS: 1500, PQ: 1500},
-        "consume_cs": {OURS: 600, PQ: 20}, "consume_cs_3": {OURS: 900, PQ: 30},
+        "consume_cs": {OURS: 1500, PQ: 20}, "consume_cs_3": {OURS: 3000, PQ: 30},
         "e2e": 300, "e2e_rate": 10.0,
         "idle_seconds": 12.0, "backlogs": [1000, 10000, 100000],
     }
@@ -566,7 +566,7 @@ class Bench:
     def _consume_cs(self) -> None:
         s = self.size
         cs = "csprng_verify"
-        ours = {"mode": "listen", "max_messages": 64, "claim_threads": 64, "workers": 64,
+        ours = {"mode": "listen", "max_messages": 128, "claim_threads": 64, "workers": 128,
                 "min_rate": 2.0}
         jobs = [
             {"scenario": "csprng_1proc", "lib": PQ, "strategy": cs, "n": s["consume_cs"][PQ],

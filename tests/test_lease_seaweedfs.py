@@ -554,19 +554,46 @@ def test_6_an_error_listing_leases_never_frees_a_message(site, strategy):
 
 def test_6_csprng_an_error_checking_the_lease_key_claims_nothing(site):
     """The poll's lease listing is too old by the time the batch claims (the clock
-    jumps past jitter_min after it): the key gets a HEAD, which fails."""
+    jumps past jitter_min after it): the batch lists again, which fails, so the key
+    gets a HEAD, which fails too."""
     producer_q, _ = site.queue("csprng_verify")
     producer_q.register_producer("p").publish(TOPIC, {"n": 6})
     clock = JumpingClock()
     b, b_store = site.consumer("csprng_verify", "b", clock=clock)
     jump = clock.jump(2 * CSPRNG_SETTINGS["jitter_min_ms"] / 1000)
-    b_store.on("list", layout.leases_prefix(TOPIC), after=jump)
-    b_store.on("head", layout.leases_prefix(TOPIC), fail=StorageError("injected: 500"))
+    prefix = layout.leases_prefix(TOPIC)
+
+    def jump_then_fail_the_next_listing() -> None:
+        jump()
+        b_store.on("list", prefix, fail=StorageError("injected: 503"))
+
+    b_store.on("list", prefix, after=jump_then_fail_the_next_listing)
+    b_store.on("head", prefix, fail=StorageError("injected: 500"))
     b_store.reset()
     assert b.poll() == []
-    assert b_store.count("head", layout.leases_prefix(TOPIC)) == 1
+    assert b_store.count("list", prefix) == 2  # the poll's, and the failed re-listing
+    assert b_store.count("head", prefix) == 1
     assert b_store.count("put") == 0 and leases(b_store) == {}
     assert pending(b_store) == 1
+
+
+def test_6_csprng_a_stale_listing_is_renewed_by_one_list_not_a_head_per_key(site):
+    """The same jump with a working store: one more LIST of the leases before the
+    PUTs, no HEAD, and the message is delivered."""
+    producer_q, _ = site.queue("csprng_verify")
+    mids = producer_q.register_producer("p").publish_batch(TOPIC, [{"n": n} for n in range(3)])
+    clock = JumpingClock()
+    b, b_store = site.consumer("csprng_verify", "b", clock=clock)
+    jump = clock.jump(2 * CSPRNG_SETTINGS["jitter_min_ms"] / 1000)
+    b_store.on("list", layout.leases_prefix(TOPIC), after=jump)
+    b_store.reset()
+    got = b.poll(max_messages=3)
+    assert sorted(m.id for m in got) == sorted(mids)
+    assert b_store.count("head") == 0
+    verification_rounds = CSPRNG_SETTINGS["verify_retries"] + 2
+    assert b_store.count("list", layout.leases_prefix(TOPIC)) == 2 + verification_rounds
+    for msg in got:
+        msg.ack()
 
 
 def test_6_csprng_an_error_verifying_a_batch_claims_nothing(site):

@@ -54,6 +54,11 @@ class Batch:
     keys: tuple[str, ...]
     delays_us: tuple[tuple[int, int], ...]
     seed: int
+    #: PUTs sent this many at a time (None: all at once), and re-listing before a group
+    #: once the listing is older than this many microseconds (None: never), as the
+    #: consumer does with its claim pool
+    group: int | None = None
+    relist_us: int | None = None
 
 
 @attrs.frozen
@@ -104,7 +109,9 @@ def worlds(draw):
         cfg,
         draw(st.booleans()),
         tuple(draw(st.lists(st.sampled_from(KEYS), max_size=3, unique=True))),
-        tuple(draw(st.lists(st.builds(Batch, start, gap, keys, delays, st.integers(0, 2**32)),
+        tuple(draw(st.lists(st.builds(Batch, start, gap, keys, delays, st.integers(0, 2**32),
+                                      st.one_of(st.none(), st.integers(1, 2)),
+                                      st.one_of(st.none(), st.integers(0, jmin * 1000))),
                             min_size=1, max_size=4))),
         tuple(draw(st.lists(st.builds(Single, start, st.sampled_from(KEYS), delays,
                                       st.integers(0, 2**32)), max_size=4))),
@@ -134,7 +141,8 @@ def batch_claimer(name: str, b: Batch, w: World, caps: Capabilities):
     yield Sleep(b.gap_us / 1e6)
     claims = [(k, LeaseBody.new(name, k, ORIGIN, VISIBILITY)) for k in b.keys if k not in held]
     tokens = yield from claim_csprng_batch(
-        PREFIX, claims, listed_at, w.settings, random.Random(b.seed), fresh_for=w.fresh_for
+        PREFIX, claims, listed_at, w.settings, random.Random(b.seed), fresh_for=w.fresh_for,
+        group=b.group, relist_after=None if b.relist_us is None else b.relist_us / 1e6,
     )
     return {key: token for (key, _), token in zip(claims, tokens) if token is not None}
 
@@ -243,6 +251,26 @@ def test_a_listing_older_than_jitter_min_falls_back_to_a_head(gap_ms, heads):
         assert sent == ["List", "Put", "List", "List"]
         assert (list(b0.value), s0.value) == ([KEYS[0]], {})
         assert [e.actor for e in sim.log] == ["s0", "b0"]
+
+
+def test_groups_relist_once_instead_of_a_head_per_key_and_give_up_what_is_taken():
+    """b0 claims three keys one at a time (a pool of one thread), each PUT taking 3 ms,
+    re-listing once its listing is older than 2.5 ms. s0 takes the third key at 1 ms.
+    Before the second PUT b0 re-lists (one LIST, not a HEAD); before the third it
+    re-lists again, sees s0's lease and gives that key up without a request for it."""
+    sent: list[str] = []
+    w = World(S, False, (), (Batch(0, 0, KEYS, (), 7, group=1, relist_us=2_500),))
+    sim = SimS3(if_none_match=False, if_match=False)
+    caps = Capabilities(False, False)
+    b0 = sim.spawn("b0", batch_claimer("b0", w.batches[0], w, caps),
+                   delays=_recorded(sent, [(0.0, 0.0), (0.0015, 0.0015)]))
+    s0 = sim.spawn("s0", single_claimer("s0", Single(0, KEYS[2], (), 1), w), start=0.001)
+    sim.run()
+    assert "Head" not in sent
+    assert sent[:5] == ["List", "Put", "List", "Put", "List"]  # no third PUT
+    assert sorted(b0.value) == [KEYS[0], KEYS[1]]
+    assert list(s0.value) == [KEYS[2]]
+    assert [e.actor for e in sim.log].count("b0") == 2
 
 
 #: The listing trusted 2 us longer than jitter_min: b0 lists at t=0 (free), s0 claims

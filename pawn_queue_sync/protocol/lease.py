@@ -203,6 +203,8 @@ def claim_csprng_batch(
     settings: CsprngSettings,
     rng: random.Random | None = None,
     fresh_for: float | None = None,
+    group: int | None = None,
+    relist_after: float | None = None,
 ) -> Protocol[list[str | None]]:
     """:func:`claim_csprng` for many lease keys under ``prefix`` at once; returns our
     token or None per claim, in order. Needs a read-after-write consistent LIST.
@@ -210,12 +212,33 @@ def claim_csprng_batch(
     The keys must have been free (or reaped) after a LIST of ``prefix`` sent at
     ``listed_at`` (the monotonic clock): that listing is the "is it free" check while
     younger than ``fresh_for`` (default :func:`listing_fresh_for`); later, a HEAD per key.
-    All PUTs go in parallel, one jitter follows the last answer, and every verification
-    round is one LIST in which a claim survives only while its key shows our token.
+    The PUTs go in parallel, ``group`` at a time (what the pool sends at once; default
+    all); before a group, a listing older than ``relist_after`` seconds (default: never)
+    is replaced by a new LIST -- one request instead of a HEAD per key once it would
+    have gone stale -- and keys the new one shows held are given up. One
+    jitter follows the last answer, and every verification round is one LIST in which a
+    claim survives only while its key shows our token.
     """
     rng = rng or random.SystemRandom()
-    until = listed_at + (listing_fresh_for(settings) if fresh_for is None else fresh_for)
-    written = yield Parallel(tuple(_put_if_free(key, body, until) for key, body in claims))
+    fresh = listing_fresh_for(settings) if fresh_for is None else fresh_for
+    size = max(1, group or len(claims))
+    taken: set[str] = set()  # held by others in the newest listing
+    written: list[str | None] = []
+    for start in range(0, len(claims), size):
+        chunk = claims[start : start + size]
+        if relist_after is not None and (yield Now()) > listed_at + relist_after:
+            sent = yield Now()
+            try:
+                listing = yield List(prefix)
+            except StorageError:
+                pass  # the old listing stands; past it, each PUT HEADs its key
+            else:
+                listed_at, taken = sent, {info.key for info in listing.objects}
+        until = listed_at + fresh
+        todo = [(key, body) for key, body in chunk if key not in taken]
+        done = iter((yield Parallel(tuple(_put_if_free(k, b, until) for k, b in todo)))
+                    if todo else ())
+        written.extend(None if key in taken else next(done) for key, _ in chunk)
     held = {key: token for (key, _), token in zip(claims, written) if token is not None}
     if held:
         held = yield from _verify(settings, rng, held, functools.partial(_still_listed, prefix))

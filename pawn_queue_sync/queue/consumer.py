@@ -248,11 +248,13 @@ class Consumer:
             for _key, mid in candidates
         ]
         started = ctx.clock.monotonic()
-        pool = ctx.pool("claim", ctx.config.polling.claim_threads)
+        threads = ctx.config.polling.claim_threads
+        pool = ctx.pool("claim", threads)
         try:
             tokens = run(
                 leases.claim_csprng_batch(
-                    layout.leases_prefix(topic), claims, listed_at, ctx.csprng, self._rng
+                    layout.leases_prefix(topic), claims, listed_at, ctx.csprng, self._rng,
+                    group=threads, relist_after=leases.listing_fresh_for(ctx.csprng) / 2,
                 ),
                 ctx.store, ctx.clock, pool,
             )
