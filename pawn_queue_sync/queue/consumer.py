@@ -42,6 +42,10 @@ _REAP_PER_POLL = 200
 #: With rivals about, a poll picks its claims at random among this many times more
 #: candidates than it wants, so consumers polling together rarely race for one key.
 _CONTENDED_WINDOW = 8
+#: csprng_verify batch claims send their PUTs this many at a time at most: a group must
+#: leave while the lease listing is fresh (jitter_min), and sending 64 costs ~60 ms of
+#: client CPU on a busy machine; a re-listing before a group costs one request.
+_CSPRNG_GROUP = 32
 
 
 class Consumer:
@@ -254,7 +258,8 @@ class Consumer:
             tokens = run(
                 leases.claim_csprng_batch(
                     layout.leases_prefix(topic), claims, listed_at, ctx.csprng, self._rng,
-                    group=threads, relist_after=leases.listing_fresh_for(ctx.csprng) / 2,
+                    group=min(threads, _CSPRNG_GROUP),
+                    relist_after=leases.listing_fresh_for(ctx.csprng) / 2,
                 ),
                 ctx.store, ctx.clock, pool,
             )
