@@ -458,7 +458,12 @@ class S3Store:
                 delimiter, token,
             )
             page = self._parsed("list_objects_v2", s3_wire.list_page, answer.body)
-            rows = [(k, e, s, _parse_timestamp(m) if m else None) for k, e, s, m in page.rows]
+            stamps: dict[str, datetime] = {}  # keys written in one second share a stamp
+            rows = [
+                (k, e, s, (stamps.get(m) or stamps.setdefault(m, _utc(_parse_timestamp(m))))
+                 if m else None)
+                for k, e, s, m in page.rows
+            ]
             return s3_wire.Page(rows, page.prefixes, page.token), _http_date(
                 answer.headers.get("date")
             )
