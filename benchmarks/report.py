@@ -151,8 +151,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_target("idle consumer: requests per interval_seconds (ours)",
                                idle["requests_per_interval"], 1, "<=",
                                f"{_fmt_ops(idle['requests'])} in {idle['seconds']:g} s, "
-                               "counting listen()'s first polls after start (backoff from "
-                               "0.1 s up to interval_seconds); second half of the window: "
+                               "from listen()'s start (the first poll, then one per "
+                               "interval_seconds plus jitter); second half of the window: "
                                f"{_f(idle.get('requests_per_interval_second_half'), 2)}"))
     return out
 

@@ -566,7 +566,7 @@ class Bench:
     def _consume_cs(self) -> None:
         s = self.size
         cs = "csprng_verify"
-        ours = {"mode": "listen", "max_messages": 128, "claim_threads": 64, "workers": 128,
+        ours = {"mode": "listen", "max_messages": 256, "claim_threads": 64, "workers": 256,
                 "min_rate": 2.0}
         jobs = [
             {"scenario": "csprng_1proc", "lib": PQ, "strategy": cs, "n": s["consume_cs"][PQ],
