@@ -33,6 +33,7 @@ from pawn_queue_sync import (
     load_config,
 )
 from pawn_queue_sync.queue import layout
+from pawn_queue_sync.queue.consumer import _CONTENDED_WINDOW
 from pawn_queue_sync.queue.core import build_store
 from pawn_queue_sync.queue.registry import stable_id
 from pawn_queue_sync.storage.base import Store
@@ -256,8 +257,9 @@ def test_fifo_order(backend: Backend) -> None:
 
 def test_with_a_rival_holding_leases_picks_spread_beyond_the_oldest(backend: Backend) -> None:
     """Consumers polling together would race for the same oldest keys: once a poll
-    sees leases that are not its own, it picks at random among 8x as many candidates
-    (alone, as test_fifo_order shows, strictly oldest first)."""
+    sees leases that are not its own, it picks at random among _CONTENDED_WINDOW times
+    as many candidates (alone, as test_fifo_order shows, strictly oldest first)."""
+    window = 4 * _CONTENDED_WINDOW
     with backend.queue() as pq:
         pq.create_topic("spread")
         ids = pq.register_producer("p").publish_batch("spread", [{"n": n} for n in range(200)])
@@ -266,15 +268,15 @@ def test_with_a_rival_holding_leases_picks_spread_beyond_the_oldest(backend: Bac
         assert [m.id for m in held] == ids[:2]  # alone: the two oldest
         consumer = pq.register_consumer("c", ["spread"])
         picked: set[str] = set()
-        for _ in range(5):  # each poll: 4 claims among the 32 oldest free messages
+        for _ in range(5):  # each poll: 4 claims among the `window` oldest free messages
             got = consumer.poll(4)
             assert len(got) == 4
-            assert {m.id for m in got} <= set(ids[2:2 + 32 + len(picked)])
+            assert {m.id for m in got} <= set(ids[2:2 + window + len(picked)])
             picked |= {m.id for m in got}
             for msg in got:
                 msg.ack()
         # 20 claims: strictly oldest first would be exactly ids[2:22]; 20 random picks
-        # among ~32-52 candidates land all in the first 20 with probability < 1e-9
+        # among >= 32 candidates land all in the first 20 with probability < 1e-9
         assert picked != set(ids[2:22])
         assert len(picked) == 20
         for msg in held:

@@ -41,7 +41,7 @@ _REQUIRED_FIELDS = ("id", "payload")
 _REAP_PER_POLL = 200
 #: With rivals about, a poll picks its claims at random among this many times more
 #: candidates than it wants, so consumers polling together rarely race for one key.
-_CONTENDED_WINDOW = 8
+_CONTENDED_WINDOW = 16
 #: csprng_verify batch claims send their PUTs this many at a time at most: a group must
 #: leave while the lease listing is fresh (jitter_min), and sending 64 costs ~60 ms of
 #: client CPU on a busy machine; a re-listing before a group costs one request.
