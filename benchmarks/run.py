@@ -579,7 +579,8 @@ class Bench:
                 {"scenario": "csprng_3proc", "lib": PQ, "strategy": cs,
                  "n": s["consume_cs_3"][PQ], "processes": 3, "min_rate": 0.3},
                 {"scenario": "csprng_3proc", "lib": OURS, "strategy": cs,
-                 "n": s["consume_cs_3"][OURS], "processes": 3, **ours},
+                 "n": s["consume_cs_3"][OURS], "processes": 3,
+                 **ours, "max_messages": 128, "workers": 128},
             ]
         self.consume(jobs[:2])
         if len(jobs) > 2:
