@@ -230,6 +230,13 @@ def weed_binary() -> Path:
     )
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound and released): an unreachable endpoint."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _port_free(port: int) -> bool:
     """Return whether *port* can be bound on 127.0.0.1 (as a Go listener would)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from pawn_queue_sync import (
 )
 from pawn_queue_sync.queue import layout
 from pawn_queue_sync.queue.registry import stable_id
-from tests.servers import S3Server, config_dict, deep_merge
+from tests.servers import S3Server, closed_port, config_dict, deep_merge
 
 S3_FIXTURES = {"seaweedfs": "seaweedfs", "moto": "moto_s3"}
 
@@ -207,14 +206,8 @@ def test_only_one_of_the_two_keys_is_a_config_error() -> None:
     assert info.value.field == "s3.aws_secret_access_key"
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_unreachable_endpoint_fails_fast() -> None:
-    port = _closed_port()
+    port = closed_port()
     config = {
         "s3": {
             "endpoint_url": f"http://127.0.0.1:{port}",

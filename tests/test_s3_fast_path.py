@@ -28,7 +28,7 @@ from pawn_queue_sync.storage.s3_wire import (
     list_page,
 )
 
-from .servers import ACCESS_KEY, SECRET_KEY, S3Server
+from .servers import ACCESS_KEY, SECRET_KEY, S3Server, closed_port
 
 #: keys a queue never makes but a shared bucket may hold: every byte class SigV4 and
 #: the URL must escape alike
@@ -209,7 +209,8 @@ def test_retries_server_errors_then_gives_up_with_a_clear_error(fast: S3Store) -
     assert fast.get("r/k").body == b"{}"
 
 
-def test_unreachable_endpoint_names_it_and_nothing_else(unused_port: int) -> None:
+def test_unreachable_endpoint_names_it_and_nothing_else() -> None:
+    unused_port = closed_port()
     store = S3Store(
         S3Config(
             endpoint_url=f"http://127.0.0.1:{unused_port}",
@@ -226,15 +227,6 @@ def test_unreachable_endpoint_names_it_and_nothing_else(unused_port: int) -> Non
         store.put("k", b"{}")
     assert f"127.0.0.1:{unused_port}" in str(info.value)
     assert SECRET_KEY not in str(info.value)
-
-
-@pytest.fixture
-def unused_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the answer parsers, on what servers send --------------------------------------------

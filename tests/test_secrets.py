@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import socket
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from pawn_queue_sync import (
     StoreUnavailable,
     load_config,
 )
-from tests.servers import S3Server, config_dict, deep_merge
+from tests.servers import S3Server, closed_port, config_dict, deep_merge
 
 ACCESS_KEY = "AKIAPQSYNCLEAKCHECK7"
 SECRET_KEY = "pqSync+Secret/LEAK-check_0123456789abcdefXYZ"
@@ -161,15 +160,9 @@ def test_queue_store_and_roles_never_show_credentials(s3_server: S3Server, bucke
 # --------------------------------------------------------------------------- errors
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_errors_with_fake_credentials_do_not_show_them(s3_server: S3Server) -> None:
     missing = f"missing-{uuid.uuid4().hex[:12]}"
-    port = _closed_port()
+    port = closed_port()
     cases = {
         # case -> (configuration, what the message must still say)
         "missing bucket": (secret_config(s3_server, missing), missing),

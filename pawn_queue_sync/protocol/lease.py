@@ -226,14 +226,15 @@ def claim_csprng_batch(
     written: list[str | None] = []
     for start in range(0, len(claims), size):
         chunk = claims[start : start + size]
-        if relist_after is not None and (yield Now()) > listed_at + relist_after:
-            sent = yield Now()
-            try:
-                listing = yield List(prefix)
-            except StorageError:
-                pass  # the old listing stands; past it, each PUT HEADs its key
-            else:
-                listed_at, taken = sent, {info.key for info in listing.objects}
+        if relist_after is not None:
+            now = yield Now()
+            if now > listed_at + relist_after:
+                try:
+                    listing = yield List(prefix)  # sent at `now`: the new origin
+                except StorageError:
+                    pass  # the old listing stands; past it, each PUT HEADs its key
+                else:
+                    listed_at, taken = now, {info.key for info in listing.objects}
         until = listed_at + fresh
         todo = [(key, body) for key, body in chunk if key not in taken]
         done = iter((yield Parallel(tuple(_put_if_free(k, b, until) for k, b in todo)))

@@ -43,6 +43,9 @@ _REAP_PER_POLL = 200
 #: With rivals about, a poll picks its claims at random among this many times more
 #: candidates than it wants, so consumers polling together rarely race for one key.
 _CONTENDED_WINDOW = 16
+#: Keys a message listing reaches beyond the window and the held ones (foreign objects,
+#: messages published meanwhile before the held ones).
+_LIST_SLACK = 8
 #: csprng_verify batch claims send their PUTs this many at a time at most: a group must
 #: leave while the lease listing is fresh (jitter_min), and sending 64 costs ~60 ms of
 #: client CPU on a busy machine; a re-listing before a group costs one request.
@@ -124,28 +127,27 @@ class Consumer:
         # together seldom race for one key (a lost conditional PUT is a request wasted,
         # and SeaweedFS answers it slowly); alone, oldest first. A wider listing is
         # still one request.
-        window = self._window(want, self._leases_seen.get(topic, 0),
-                              self._contended.get(topic, False))
+        contended = self._contended.get(topic, False)
         if self._idle.get(topic, True):
             # Idle (or first) poll: messages first, so an empty topic costs one request.
             # The listing must reach past the messages others hold: last poll's lease
             # count is the estimate.
-            listing = self._ctx.store.list(
-                prefix, limit=window + self._leases_seen.get(topic, 0) + 8
-            )
+            seen = self._leases_seen.get(topic, 0)
+            window = self._window(want, seen, contended)
+            listing = self._ctx.store.list(prefix, limit=window + seen + _LIST_SLACK)
             if not listing.objects:
                 return []
             live, listed_at = self._live_leases(topic)
             rivals = self._rivals_hold(topic, live)
-            if listing.truncated and len(listing.objects) < window + len(live) + 8:
-                listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
+            if listing.truncated and len(listing.objects) < window + len(live) + _LIST_SLACK:
+                listing = self._ctx.store.list(prefix, limit=window + len(live) + _LIST_SLACK)
         else:
             # Busy: leases first, so a message acked between the two listings is not
             # mistaken for a free one (that costs a claim, a GET and a release for nothing).
             live, listed_at = self._live_leases(topic)
             rivals = self._rivals_hold(topic, live)
-            window = self._window(want, len(live), rivals or self._contended.get(topic, False))
-            listing = self._ctx.store.list(prefix, limit=window + len(live) + 8)
+            window = self._window(want, len(live), rivals or contended)
+            listing = self._ctx.store.list(prefix, limit=window + len(live) + _LIST_SLACK)
         self._leases_seen[topic] = len(live)
         self._idle[topic] = not listing.objects
         candidates: list[tuple[str, str]] = []
@@ -177,7 +179,7 @@ class Consumer:
         ~40 ms of CPU on SeaweedFS, so more pages would cost more than lost claims."""
         if not wide:
             return want
-        return max(want, min(want * _CONTENDED_WINDOW, DELETE_BATCH - held - 8))
+        return max(want, min(want * _CONTENDED_WINDOW, DELETE_BATCH - held - _LIST_SLACK))
 
     def _rivals_hold(self, topic: str, live: set[str]) -> bool:
         """Whether some live lease on ``topic`` is not ours: others consume here."""

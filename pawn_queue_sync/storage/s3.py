@@ -460,7 +460,7 @@ class S3Store:
             page = self._parsed("list_objects_v2", s3_wire.list_page, answer.body)
             stamps: dict[str, datetime] = {}  # keys written in one second share a stamp
             rows = [
-                (k, e, s, (stamps.get(m) or stamps.setdefault(m, _utc(_parse_timestamp(m))))
+                (k, e, s, (stamps.get(m) or stamps.setdefault(m, _parse_timestamp(m)))
                  if m else None)
                 for k, e, s, m in page.rows
             ]

@@ -122,6 +122,11 @@ class WireClient:
             pool_cls = urllib3.HTTPConnectionPool
         # one pool for the one host: no URL parsing and pool lookup per request
         self._pool = pool_cls(parts.hostname, parts.port, **pool_kwargs)
+        # looked up once here, not per request; imported only once S3 is used, like boto3
+        from botocore.awsrequest import AWSPreparedRequest
+
+        self._prepared_request = AWSPreparedRequest
+        self._send_errors = (urllib3.exceptions.HTTPError, OSError, ValueError)
         self._url_prefix = f"{self._scheme}://{self._host}"
 
     def close(self) -> None:
@@ -191,8 +196,6 @@ class WireClient:
             time.sleep(random.random() * min(_MAX_BACKOFF, 2.0 ** (attempt - 1)))
 
     def _attempt(self, req: _Request) -> Answer:
-        import urllib3
-
         query = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(req.query))
         headers = self._sign(req, query)
         target = req.path + (f"?{query}" if query else "")
@@ -203,7 +206,7 @@ class WireClient:
                     req.method, target, body=req.body or None, headers=headers,
                     redirect=False, retries=False, preload_content=True,
                 )
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            except self._send_errors as exc:
                 # never the exception's text: a malformed header's error quotes it
                 raise WireUnavailable(
                     f"{type(exc).__name__} talking to {self._url_prefix}"
@@ -216,9 +219,7 @@ class WireClient:
 
     def _hooked(self, req: _Request, url: str, headers: dict[str, str]) -> Answer | None:
         """botocore's ``before-send``: counters see the request, a mock may answer it."""
-        from botocore.awsrequest import AWSPreparedRequest
-
-        prepared = AWSPreparedRequest(req.method, url, headers, req.body or None, False)
+        prepared = self._prepared_request(req.method, url, headers, req.body or None, False)
         for _, reply in self._events.emit(f"before-send.s3.{req.op}", request=prepared):
             if reply is not None:
                 return Answer(
