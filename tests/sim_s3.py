@@ -274,7 +274,7 @@ class SimS3:
                 self._mutate(actor, "delete", effect.key, cur, None)
             return None
         if isinstance(effect, List):
-            return self._list(effect.prefix)
+            return self._list(effect.prefix, effect.start_after, effect.limit)
         if cur is None:
             raise ObjectNotFound("no such key", key=effect.key)
         if isinstance(effect, Head):
@@ -285,13 +285,17 @@ class SimS3:
             )
         raise TypeError(f"unknown effect {effect!r}")
 
-    def _list(self, prefix: str) -> Listing:
-        """Every key under ``prefix`` as it stands now, in byte order."""
+    def _list(self, prefix: str, start_after: str | None, limit: int | None) -> Listing:
+        """The keys under ``prefix`` after ``start_after`` as they stand now, in byte
+        order, the first ``limit`` of them (one atomic snapshot, as one page is)."""
         objects = [
             ObjectInfo(key, v.etag, len(v.body), self.wall(v.written_at))
-            for key, v in sorted(self.objects.items()) if key.startswith(prefix)
+            for key, v in sorted(self.objects.items())
+            if key.startswith(prefix) and (start_after is None or key > start_after)
         ]
-        return Listing(objects, server_time=self.wall())
+        truncated = limit is not None and len(objects) > limit
+        return Listing(objects[:limit] if truncated else objects, server_time=self.wall(),
+                       truncated=truncated)
 
     def _mutate(
         self, actor: str, op: str, key: str, before: Version | None, after: Version | None

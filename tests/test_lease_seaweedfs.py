@@ -162,9 +162,10 @@ class Scripted:
         return self._call("copy", dst, if_none_match,
                           lambda: self.inner.copy(src, dst, if_none_match=if_none_match))
 
-    def list(self, prefix, *, limit=None, delimiter=None):
+    def list(self, prefix, *, limit=None, delimiter=None, start_after=None):
         return self._call("list", prefix, False,
-                          lambda: self.inner.list(prefix, limit=limit, delimiter=delimiter))
+                          lambda: self.inner.list(prefix, limit=limit, delimiter=delimiter,
+                                                  start_after=start_after))
 
     def server_time(self):
         return self._call("server_time", None, False, self.inner.server_time)

@@ -30,6 +30,7 @@ from pawn_queue_sync.protocol.effects import Head, List, Now, Parallel, Put, Sle
 from pawn_queue_sync.protocol.lease import (
     Capabilities,
     CsprngSettings,
+    KeyRange,
     LeaseBody,
     claim_csprng,
     claim_csprng_batch,
@@ -59,6 +60,9 @@ class Batch:
     #: consumer does with its claim pool
     group: int | None = None
     relist_us: int | None = None
+    #: range listings sized to our keys alone, so any other key in the range makes
+    #: them page on (KeyRange's estimate at its tightest)
+    tight: bool = False
 
 
 @attrs.frozen
@@ -111,7 +115,8 @@ def worlds(draw):
         tuple(draw(st.lists(st.sampled_from(KEYS), max_size=3, unique=True))),
         tuple(draw(st.lists(st.builds(Batch, start, gap, keys, delays, st.integers(0, 2**32),
                                       st.one_of(st.none(), st.integers(1, 2)),
-                                      st.one_of(st.none(), st.integers(0, jmin * 1000))),
+                                      st.one_of(st.none(), st.integers(0, jmin * 1000)),
+                                      st.booleans()),
                             min_size=1, max_size=4))),
         tuple(draw(st.lists(st.builds(Single, start, st.sampled_from(KEYS), delays,
                                       st.integers(0, 2**32)), max_size=4))),
@@ -143,6 +148,7 @@ def batch_claimer(name: str, b: Batch, w: World, caps: Capabilities):
     tokens = yield from claim_csprng_batch(
         PREFIX, claims, listed_at, w.settings, random.Random(b.seed), fresh_for=w.fresh_for,
         group=b.group, relist_after=None if b.relist_us is None else b.relist_us / 1e6,
+        ranges=KeyRange(PREFIX, crowd=0.0, slack=0) if b.tight else None,
     )
     return {key: token for (key, _), token in zip(claims, tokens) if token is not None}
 
@@ -358,3 +364,67 @@ def test_run_raises_a_branch_error_after_the_others_finish():
 def _one(effect):
     """A protocol of one effect."""
     return (yield effect)
+
+
+# -- range listings -------------------------------------------------------------------------
+
+
+class _Counting(MemoryStore):
+    """A MemoryStore that records what each LIST asked for and how many keys it returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists: list[tuple[str | None, int | None, int]] = []
+
+    def list(self, prefix, *, limit=None, delimiter=None, start_after=None):
+        got = super().list(prefix, limit=limit, delimiter=delimiter, start_after=start_after)
+        self.lists.append((start_after, limit, len(got.objects)))
+        return got
+
+
+def _leases(store: MemoryStore, names) -> list[str]:
+    keys = [f"{PREFIX}{name}.lease" for name in names]
+    for key in keys:
+        store.put(key, b"other")
+    return keys
+
+
+def test_a_range_listing_pages_on_until_it_passes_the_last_key():
+    """Others' keys crowd the range far beyond the estimate: the lister pages on from the
+    last key it saw, finds every key of the range, and learns how crowded it was."""
+    store = _Counting()
+    _leases(store, (f"{i:03d}" for i in range(0, 1000, 2)))  # others: even numbers
+    ours = _leases(store, (f"{i:03d}" for i in range(101, 200, 10)))  # 10 of ours
+    ranges = KeyRange(PREFIX, crowd=0.0, slack=0)
+    etags = run(ranges.etags(ours), store, SystemClock())
+    assert set(ours) <= set(etags)
+    assert all(start > f"{PREFIX}1" for start, _, _ in store.lists[1:])
+    assert len(store.lists) > 1
+    assert sum(n for _, _, n in store.lists) < 200  # never the 500 keys past the range
+    assert ranges.crowd == pytest.approx(len([k for k in etags if ours[0] <= k <= ours[-1]])
+                                         / len(ours) - 1)
+    store.lists.clear()
+    again = run(ranges.etags(ours), store, SystemClock())  # sized by what it learned
+    assert again == etags
+    assert len(store.lists) == 1
+
+
+def test_a_batch_claim_lists_only_the_range_of_its_keys():
+    """Verification rounds of ten adjacent claims among 600 others' leases list the
+    claims' range, not the prefix; the claims are won and the others untouched."""
+    store = _Counting()
+    others = _leases(store, (f"a{i:03d}" for i in range(300)))
+    others += _leases(store, (f"c{i:03d}" for i in range(300)))
+    claims = [(f"{PREFIX}b{i}.lease", LeaseBody.new("c", f"b{i}", ORIGIN, VISIBILITY))
+              for i in range(10)]
+    fast = CsprngSettings(jitter_min_ms=0, jitter_max_ms=0, verify_retries=2,
+                          verify_retry_delay_ms=0)
+    clock = SystemClock()
+    tokens = run(claim_csprng_batch(PREFIX, claims, clock.monotonic() + 60, fast),
+                 store, clock)
+    assert all(tokens)
+    assert len(store.lists) == 4  # three rounds and the final one
+    assert all(start == f"{PREFIX}b0.leas" for start, _, _ in store.lists)
+    # the first sized by a guess (as many others as ours), then by what it found
+    assert [limit for _, limit, _ in store.lists] == [10 + 10 + 16] + [10 + 16] * 3
+    assert all(store.get(key).body == b"other" for key in others)

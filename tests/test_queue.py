@@ -283,6 +283,35 @@ def test_with_a_rival_holding_leases_picks_spread_beyond_the_oldest(backend: Bac
             msg.ack()
 
 
+def test_csprng_batch_claims_with_a_rival_take_adjacent_ids_and_sweep_on(
+    backend: Backend,
+) -> None:
+    """With csprng batch claims and a rival about, each poll takes messages adjacent in
+    id order (so its listings span only their share of the leases), and the next poll
+    carries on after the last id taken."""
+    with backend.queue(**CSPRNG) as pq:
+        pq.create_topic("runs")
+        ids = pq.register_producer("p").publish_batch("runs", [{"n": n} for n in range(120)])
+        rival = pq.register_consumer("rival", ["runs"])
+        held = {m.id for m in rival.poll(2)}
+        consumer = pq.register_consumer("c", ["runs"])
+        first_poll = consumer.poll(5)  # sees the rival's leases (and takes the oldest)
+        assert [m.id for m in first_poll] == ids[2:7]
+        held |= {m.id for m in first_poll}
+        last: str | None = None
+        for _ in range(3):
+            # the candidates: the oldest free messages, _CONTENDED_WINDOW x 5 of them
+            window = sorted([mid for mid in ids if mid not in held][:5 * _CONTENDED_WINDOW])
+            got = sorted(m.id for m in consumer.poll(5))
+            assert len(got) == 5
+            first = window.index(got[0])
+            assert window[first : first + 5] == got  # adjacent among the candidates
+            if last is not None and got[0] > last:  # no wrap: right after the last run
+                assert got[0] == min(mid for mid in window if mid > last)
+            last = got[-1]
+            held |= set(got)
+
+
 # --------------------------------------------------------------------------- fidelity
 
 FIDELITY_PAYLOADS: list[Any] = [

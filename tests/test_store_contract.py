@@ -423,6 +423,23 @@ def test_list_limit_and_truncated(store: Store) -> None:
     assert not store.list("l/").truncated
 
 
+def test_list_start_after(store: Store) -> None:
+    keys = [f"s/{c}.lease" for c in ("0a", "0b", "3f", "7c", "c0", "ff")]
+    put_many(store, [*keys, "r/x", "t/y"])
+    # an existing key, a key that does not exist, one before all and one after all
+    assert keys_of(store.list("s/", start_after="s/3f.lease")) == keys[3:]
+    assert keys_of(store.list("s/", start_after="s/3f.leas")) == keys[2:]
+    assert keys_of(store.list("s/", start_after="s/5")) == keys[3:]
+    assert keys_of(store.list("s/", start_after="a")) == keys
+    assert keys_of(store.list("s/", start_after="s/fg")) == []
+    ranged = store.list("s/", start_after="s/0b.lease", limit=2)
+    assert keys_of(ranged) == keys[2:4]
+    assert ranged.truncated
+    last = store.list("s/", start_after="s/7c.lease", limit=2)
+    assert keys_of(last) == keys[4:]
+    assert not last.truncated
+
+
 def test_list_delimiter_common_prefixes(store: Store) -> None:
     put_many(store, ["t/a/1", "t/a/2", "t/b/1", "t/c", "t/d/e/f", "u/z"])
     listing = store.list("t/", delimiter="/")
@@ -478,6 +495,10 @@ def test_list_more_than_1000_keys_and_delete_many(store: Store) -> None:
     capped = store.list("big/", limit=1050)
     assert keys_of(capped) == keys[:1050]
     assert capped.truncated
+
+    # start_after holds across pages: the continuation carries on from it
+    after = store.list("big/", start_after="big/k00049x")
+    assert keys_of(after) == keys[50:]
 
     failed = store.delete_many([*keys, "big/not-there"])
     assert failed == []

@@ -49,10 +49,13 @@ class Delete:
 
 @attrs.frozen
 class List:
-    """Every object under ``prefix`` (all pages); the result is a ``storage.base.Listing``
-    whose objects carry each key's ETag."""
+    """The objects under ``prefix`` sorting after ``start_after`` (all pages, or the
+    first ``limit`` objects); the result is a ``storage.base.Listing`` whose objects
+    carry each key's ETag."""
 
     prefix: str
+    start_after: str | None = None
+    limit: int | None = None
 
 
 @attrs.frozen
@@ -92,7 +95,7 @@ def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = 
     if isinstance(effect, Delete):
         return store.delete(effect.key, if_match=effect.if_match)
     if isinstance(effect, List):
-        return store.list(effect.prefix)
+        return store.list(effect.prefix, limit=effect.limit, start_after=effect.start_after)
     if isinstance(effect, Sleep):
         return clock.sleep(effect.seconds)
     if isinstance(effect, Now):

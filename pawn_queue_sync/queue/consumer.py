@@ -13,6 +13,7 @@ never break a poll.
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import logging
 import random
@@ -76,6 +77,10 @@ class Consumer:
         self._releasing: set[str] = set()
         #: topic -> our last poll there found no pending message
         self._idle: dict[str, bool] = {}
+        #: topic -> the message id our last batch claim's run ended at (see _run_of)
+        self._cursor: dict[str, str] = {}
+        #: topic -> the lister of our batch claims' lease ranges (keeps its estimate)
+        self._ranges: dict[str, leases.KeyRange] = {}
 
     # -- identity ---------------------------------------------------------------------
 
@@ -161,14 +166,18 @@ class Consumer:
                 break
         if not candidates:
             return []
+        batches = self._claims_in_batches()
         if len(candidates) > want:
-            candidates = self._rng.sample(candidates, want)
-        if self._claims_in_batches():
+            candidates = (self._run_of(topic, candidates, want) if batches
+                          else self._rng.sample(candidates, want))
+        if batches:
             results = self._claim_batch(topic, candidates, listed_at)
         else:
             results = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
         got = [m for m in results if m is not None]
         self._contended[topic] = rivals or len(got) < len(candidates)
+        if len(got) < len(candidates):
+            self._cursor.pop(topic, None)  # we met a rival's run: start elsewhere
         return got
 
     @staticmethod
@@ -180,6 +189,27 @@ class Consumer:
         if not wide:
             return want
         return max(want, min(want * _CONTENDED_WINDOW, DELETE_BATCH - held - _LIST_SLACK))
+
+    def _run_of(
+        self, topic: str, candidates: list[tuple[str, str]], want: int
+    ) -> list[tuple[str, str]]:
+        """``want`` candidates adjacent in message id order, so their lease keys are too
+        and a batch claim's listings span a ``want / len(candidates)`` share of the
+        leases instead of all of them (see leases.KeyRange). Each run starts where our
+        last one ended, so consumers sweeping the id space at one pace keep apart;
+        after lost claims (or at first) it starts at a random place."""
+        ordered = sorted(candidates, key=lambda c: c[1])
+        cursor = self._cursor.get(topic)
+        if cursor is None:
+            start = self._rng.randrange(len(ordered) - want + 1)
+        else:
+            start = bisect.bisect_right([mid for _, mid in ordered], cursor)
+            if start >= len(ordered):
+                start = 0  # past the last id: round again from the first
+            start = min(start, len(ordered) - want)
+        run = ordered[start : start + want]
+        self._cursor[topic] = run[-1][1]
+        return run
 
     def _rivals_hold(self, topic: str, live: set[str]) -> bool:
         """Whether some live lease on ``topic`` is not ours: others consume here."""
@@ -273,6 +303,9 @@ class Consumer:
                     layout.leases_prefix(topic), claims, listed_at, ctx.csprng, self._rng,
                     group=min(threads, _CSPRNG_GROUP),
                     relist_after=leases.listing_fresh_for(ctx.csprng) / 2,
+                    ranges=self._ranges.setdefault(
+                        topic, leases.KeyRange(layout.leases_prefix(topic))
+                    ),
                 ),
                 ctx.store, ctx.clock, pool,
             )

@@ -128,10 +128,12 @@ class Store(Protocol):
         *,
         limit: int | None = None,
         delimiter: str | None = None,
+        start_after: str | None = None,
     ) -> Listing:
-        """Keys under ``prefix`` (see :class:`Listing` on order), following pagination,
-        stopping after ``limit`` objects -- common prefixes do not count towards it --
-        with ``truncated`` saying whether more remain."""
+        """Keys under ``prefix`` (see :class:`Listing` on order) that sort after
+        ``start_after`` (which need not exist), following pagination, stopping after
+        ``limit`` objects -- common prefixes do not count towards it -- with
+        ``truncated`` saying whether more remain."""
 
     def server_time(self) -> datetime:
         """The store's current time (S3: the Date header of a cheap request)."""

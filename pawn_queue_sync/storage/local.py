@@ -101,6 +101,7 @@ def build_listing(
     limit: int | None,
     delimiter: str | None,
     server_time: datetime | None,
+    start_after: str | None = None,
 ) -> Listing:
     """Turn keys in ascending order into a :class:`Listing`, the way S3 does.
 
@@ -111,7 +112,8 @@ def build_listing(
     the common prefixes before it), and ``truncated`` says whether anything (an object
     or a new common prefix) follows, which is what S3's IsTruncated reports when paging
     with MaxKeys = objects still wanted. ``info`` returns None for a key that vanished
-    meanwhile (it is then skipped).
+    meanwhile (it is then skipped). Keys up to ``start_after`` (in code point order,
+    which is UTF-8 byte order) are skipped.
     """
     objects: list[ObjectInfo] = []
     prefixes: list[str] = []
@@ -119,7 +121,7 @@ def build_listing(
     last_prefix: str | None = None
     truncated = False
     for key in keys:
-        if not key.startswith(prefix):
+        if not key.startswith(prefix) or (start_after is not None and key <= start_after):
             continue
         common: str | None = None
         if delimiter:
@@ -276,6 +278,7 @@ class LocalStore:
         *,
         limit: int | None = None,
         delimiter: str | None = None,
+        start_after: str | None = None,
     ) -> Listing:
         """Keys under ``prefix`` in ascending byte order; walks only the directory the
         prefix names, and with delimiter ``"/"`` does not descend below it."""
@@ -292,6 +295,7 @@ class LocalStore:
                 limit,
                 delimiter,
                 _utcnow(),
+                start_after,
             )
 
     def server_time(self) -> datetime:

@@ -180,6 +180,7 @@ class MemoryStore:
         *,
         limit: int | None = None,
         delimiter: str | None = None,
+        start_after: str | None = None,
     ) -> Listing:
         """Keys under ``prefix`` in ascending byte order (a snapshot)."""
         if not isinstance(prefix, str):
@@ -196,7 +197,9 @@ class MemoryStore:
                 key=key, etag=obj.etag, size=len(obj.body), last_modified=obj.last_modified
             )
 
-        return build_listing(keys, info, prefix, limit, delimiter, self._clock.now())
+        return build_listing(
+            keys, info, prefix, limit, delimiter, self._clock.now(), start_after
+        )
 
     def server_time(self) -> datetime:
         """The injected clock's time."""

@@ -419,6 +419,7 @@ class S3Store:
         *,
         limit: int | None = None,
         delimiter: str | None = None,
+        start_after: str | None = None,
     ) -> Listing:
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
@@ -429,7 +430,10 @@ class S3Store:
             max_keys = DELETE_BATCH
             if limit is not None:
                 max_keys = max(1, min(DELETE_BATCH, limit - len(objects)))
-            page, page_time = self._list_page(prefix, max_keys, delimiter, token)
+            # StartAfter on the first page only: a continuation token carries on from it.
+            page, page_time = self._list_page(
+                prefix, max_keys, delimiter, token, None if token else start_after
+            )
             server_time = page_time or server_time
             objects.extend(
                 ObjectInfo(key=k, etag=normalize_etag(e), size=size, last_modified=_utc(m))
@@ -448,14 +452,15 @@ class S3Store:
                        truncated=truncated)
 
     def _list_page(
-        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None
+        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None,
+        start_after: str | None,
     ) -> tuple[s3_wire.Page, datetime | None]:
         """One ListObjectsV2 page, by whichever path applies."""
         wire = self._wire()
         if wire is not None:
             answer = self._send(
                 "list_objects_v2", prefix, False, wire.list_objects, prefix, max_keys,
-                delimiter, token,
+                delimiter, token, start_after,
             )
             page = self._parsed("list_objects_v2", s3_wire.list_page, answer.body)
             stamps: dict[str, datetime] = {}  # keys written in one second share a stamp
@@ -472,6 +477,8 @@ class S3Store:
             kwargs["Delimiter"] = delimiter
         if token:
             kwargs["ContinuationToken"] = token
+        if start_after:
+            kwargs["StartAfter"] = start_after
         resp = self._call("list_objects_v2", prefix, **kwargs)
         rows = [
             (item["Key"], item.get("ETag", ""), int(item.get("Size", 0)), item.get("LastModified"))

@@ -164,7 +164,8 @@ class WireClient:
         )
 
     def list_objects(
-        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None
+        self, prefix: str, max_keys: int, delimiter: str | None, token: str | None,
+        start_after: str | None = None,
     ) -> Answer:
         query = [("encoding-type", "url"), ("list-type", "2"), ("max-keys", str(max_keys)),
                  ("prefix", prefix)]
@@ -172,6 +173,8 @@ class WireClient:
             query.append(("delimiter", delimiter))
         if token:
             query.append(("continuation-token", token))
+        if start_after:
+            query.append(("start-after", start_after))
         return self._send(
             _Request("ListObjectsV2", "GET", self._base, tuple(query), {}, b"")
         )
@@ -421,10 +424,10 @@ _ENCODING = ("<EncodingType>", "</EncodingType>")
 
 def _text(value: str) -> str:
     """XML character data: the predefined entities and character references (quoted
-    ETags are the common case: one replace)."""
+    ETags are the common case: a replace or two; SeaweedFS writes the quote as &#34;)."""
     if "&" not in value:
         return value
-    plain = value.replace("&quot;", '"')
+    plain = value.replace("&quot;", '"').replace("&#34;", '"')
     return html.unescape(value) if "&" in plain else plain
 
 
