@@ -423,7 +423,11 @@ class RegistryConfig:
 
     _SECTION: ClassVar[str] = "registry"
 
-    heartbeat_interval_seconds: float = _float(60.0, "How often registrations are refreshed.")
+    heartbeat_interval_seconds: float = _float(
+        60.0,
+        "How often a busy consumer re-reads the consumer registry (its rank among its "
+        "peers, to spread claims).",
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -826,7 +830,7 @@ class PawnQueueBuilder:
         )
 
     def registry(self, *, heartbeat_interval_seconds: float | None = None) -> PawnQueueBuilder:
-        """Registration heartbeats."""
+        """How often a busy consumer re-reads the consumer registry."""
         return self._set("registry", heartbeat_interval_seconds=heartbeat_interval_seconds)
 
     def publishing(

@@ -428,3 +428,30 @@ def test_a_batch_claim_lists_only_the_range_of_its_keys():
     # the first sized by a guess (as many others as ours), then by what it found
     assert [limit for _, limit, _ in store.lists] == [10 + 10 + 16] + [10 + 16] * 3
     assert all(store.get(key).body == b"other" for key in others)
+
+
+def test_on_written_gets_the_keys_written_before_verification_begins():
+    """The hook hears of the leases written (not the keys given up as taken) before the
+    jitter, so the caller may read their messages while verification waits."""
+    sent: list[str] = []
+    heard: list[tuple[list[str], int]] = []
+    sim = SimS3(if_none_match=False, if_match=False)
+    taken = LeaseBody.new("other", KEYS[1], ORIGIN, VISIBILITY).encode()
+    sim.objects[KEYS[1]] = Version(taken, md5_hex(taken), 0.0, "other")
+    claims = [(k, LeaseBody.new("b0", k, ORIGIN, VISIBILITY)) for k in KEYS]
+
+    def claimer():
+        listed_at = yield Now()
+        yield List(PREFIX)
+        return (yield from claim_csprng_batch(
+            PREFIX, claims, listed_at, S, random.Random(1), group=1, relist_after=0.0,
+            on_written=lambda keys: heard.append((keys, len(sent))),
+        ))
+
+    b0 = sim.spawn("b0", claimer(), delays=_recorded(sent, [(0.0005, 0.0005)]))
+    sim.run()
+    assert b0.value[1] is None and all(b0.value[::2])
+    [(keys, at)] = heard
+    assert keys == [KEYS[0], KEYS[2]]
+    assert sent[at - 1] == "Put" and "Put" not in sent[at:]
+    assert sent[at:] == ["List", "List"]  # verification after it: a round, the final one

@@ -32,7 +32,7 @@ from pawn_queue_sync import (
     TopicNotFoundError,
     load_config,
 )
-from pawn_queue_sync.queue import layout
+from pawn_queue_sync.queue import layout, registry
 from pawn_queue_sync.queue.consumer import _CONTENDED_WINDOW
 from pawn_queue_sync.queue.core import build_store
 from pawn_queue_sync.queue.registry import stable_id
@@ -208,6 +208,20 @@ def test_ghost_topic_raises_topic_not_found(backend: Backend) -> None:
 # --------------------------------------------------------------------------- registration
 
 
+def test_rank_among_registered_consumers(backend: Backend) -> None:
+    """registry.rank: a consumer's place among the registered consumers' ids (producers
+    apart), counting itself when it is not registered."""
+    with backend.queue() as pq:
+        pq.create_topic("t")
+        pq.register_producer("p")
+        ids = sorted(pq.register_consumer(f"c{i}", ["t"]).id for i in range(3))
+        assert [registry.rank(pq.context, "consumers", i) for i in ids] == [
+            (0, 3), (1, 3), (2, 3)
+        ]
+        outsider = str(uuid.UUID(int=2**128 - 1))  # sorts last
+        assert registry.rank(pq.context, "consumers", outsider) == (3, 4)
+
+
 def test_twenty_concurrent_registrations_yield_one_id(backend: Backend) -> None:
     queues = [backend.queue() for _ in range(20)]
     with ThreadPoolExecutor(20) as pool:  # set up in parallel: each builds its own client
@@ -283,31 +297,28 @@ def test_with_a_rival_holding_leases_picks_spread_beyond_the_oldest(backend: Bac
             msg.ack()
 
 
-def test_csprng_batch_claims_with_a_rival_take_adjacent_ids_and_sweep_on(
+def test_csprng_batch_claims_among_peers_take_adjacent_ids_from_their_share(
     backend: Backend,
 ) -> None:
-    """With csprng batch claims and a rival about, each poll takes messages adjacent in
-    id order (so its listings span only their share of the leases), and the next poll
-    carries on after the last id taken."""
+    """With csprng batch claims and other consumers registered, a consumer's first poll
+    already spreads: it takes messages adjacent in id order (so its listings span only
+    their share of the leases) from its share of the id space by rank among the
+    registered consumers; the next poll carries on after the last id taken."""
     with backend.queue(**CSPRNG) as pq:
         pq.create_topic("runs")
         ids = pq.register_producer("p").publish_batch("runs", [{"n": n} for n in range(120)])
         rival = pq.register_consumer("rival", ["runs"])
         held = {m.id for m in rival.poll(2)}
+        assert held == set(ids[:2])  # alone when it polled: the oldest
         consumer = pq.register_consumer("c", ["runs"])
-        first_poll = consumer.poll(5)  # sees the rival's leases (and takes the oldest)
-        assert [m.id for m in first_poll] == ids[2:7]
-        held |= {m.id for m in first_poll}
-        last: str | None = None
+        registered = sorted([rival.id, consumer.id])
+        last = str(uuid.UUID(int=registered.index(consumer.id) * 2**127))  # its share
         for _ in range(3):
             # the candidates: the oldest free messages, _CONTENDED_WINDOW x 5 of them
             window = sorted([mid for mid in ids if mid not in held][:5 * _CONTENDED_WINDOW])
             got = sorted(m.id for m in consumer.poll(5))
-            assert len(got) == 5
-            first = window.index(got[0])
-            assert window[first : first + 5] == got  # adjacent among the candidates
-            if last is not None and got[0] > last:  # no wrap: right after the last run
-                assert got[0] == min(mid for mid in window if mid > last)
+            after = [mid for mid in window if mid > last] or window  # round again
+            assert got == after[:5]
             last = got[-1]
             held |= set(got)
 
@@ -610,3 +621,34 @@ def test_setup_lifecycle_probe_removed_and_strategy_auto(backend: Backend) -> No
         assert keys(forced, layout.PROBE_PREFIX) == []
         got = drain(forced.register_consumer("c", ["orders"]))
         assert [m.payload for m in got] == [{"n": 1}]
+
+
+def test_a_run_takes_at_most_its_share_of_scarce_candidates_and_rounds_again(
+    tmp_path: Path,
+) -> None:
+    """_run_of, the pick of a batch claim among peers: from the consumer's place on, in
+    id order; a share of scarce candidates (at least _MIN_SHARE); past the last id,
+    round again from the first."""
+    with PawnQueue.from_config({"local": {"path": str(tmp_path / "s")}, **CSPRNG}) as pq:
+        pq.create_topic("t")
+        consumer = pq.register_consumer("c", ["t"])
+        consumer._peers, consumer._peers_at = (1, 3), pq.context.clock.monotonic()
+        ids = sorted(str(uuid.UUID(int=i * 2**120)) for i in range(256))
+        candidates = [(f"t/messages/{mid}.json", mid) for mid in ids]
+
+        def run_of(n: int, want: int) -> list[str]:
+            return [mid for _, mid in consumer._run_of("t", candidates[:n], want)]
+
+        third = str(uuid.UUID(int=2**128 // 3))  # rank 1 of 3: from a third of the ids on
+        first = run_of(256, 20)
+        assert first == [mid for mid in ids if mid > third][:20]
+        assert run_of(256, 20) == [mid for mid in ids if mid > first[-1]][:20]  # on
+        consumer._cursor.clear()
+        # 240 candidates among 3 peers: a share of 80, not all 128 wanted
+        assert len(run_of(240, 128)) == 80
+        consumer._cursor.clear()
+        # scarce: 30 candidates, all below our place: at least _MIN_SHARE of them (so
+        # all 30), rounding again from the first
+        assert run_of(30, 128) == ids[:30]
+        consumer._cursor["t"] = ids[-1]
+        assert run_of(256, 10) == ids[:10]  # past the last id: round again

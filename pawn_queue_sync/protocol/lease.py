@@ -207,6 +207,7 @@ def claim_csprng_batch(
     group: int | None = None,
     relist_after: float | None = None,
     ranges: KeyRange | None = None,
+    on_written: Callable[[list[str]], object] | None = None,
 ) -> Protocol[list[str | None]]:
     """:func:`claim_csprng` for many lease keys under ``prefix`` at once; returns our
     token or None per claim, in order. Needs a read-after-write consistent LIST.
@@ -223,6 +224,8 @@ def claim_csprng_batch(
     survives only while its key shows our token. Claims on a narrow range of keys
     keep those listings short; ``ranges`` (default: a new one) lists them and may
     carry its estimate of how crowded they are from one batch to the next.
+    ``on_written`` is called with the keys written, before the jitter (a caller may
+    start reading what the claims are for while verification waits).
     """
     rng = rng or random.SystemRandom()
     fresh = listing_fresh_for(settings) if fresh_for is None else fresh_for
@@ -248,6 +251,8 @@ def claim_csprng_batch(
         done = (yield Parallel(tuple(_put_if_free(k, b, until) for k, b in todo))) if todo else []
         written.update(zip((key for key, _ in todo), done))
     held = {key: token for key, token in written.items() if token is not None}
+    if held and on_written is not None:
+        on_written(list(held))
     if held:
         held = yield from _verify(settings, rng, held, ranges.still_ours)
     return [held.get(key) for key, _ in claims]

@@ -20,6 +20,7 @@ import random
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -28,8 +29,8 @@ import attrs
 from ..errors import LeaseLostError, ObjectNotFound, StorageError
 from ..protocol import lease as leases
 from ..protocol.effects import run
-from ..storage.base import DELETE_BATCH
-from . import layout
+from ..storage.base import DELETE_BATCH, GetResult
+from . import layout, registry
 from .context import Context
 from .message import Message
 from .registry import NAMESPACE, RegistryEntry
@@ -47,6 +48,10 @@ _CONTENDED_WINDOW = 16
 #: Keys a message listing reaches beyond the window and the held ones (foreign objects,
 #: messages published meanwhile before the held ones).
 _LIST_SLACK = 8
+#: A consumer's share of scarce candidates (see Consumer._run_of) is at least this many:
+#: each poll waits out the jitter, so a backlog's last messages drained a few at a time
+#: would take many polls.
+_MIN_SHARE = 32
 #: csprng_verify batch claims send their PUTs this many at a time at most: a group must
 #: leave while the lease listing is fresh (jitter_min), and sending 64 costs ~60 ms of
 #: client CPU on a busy machine; a re-listing before a group costs one request.
@@ -79,6 +84,10 @@ class Consumer:
         self._idle: dict[str, bool] = {}
         #: topic -> the message id our last batch claim's run ended at (see _run_of)
         self._cursor: dict[str, str] = {}
+        #: our rank among the registered consumers and their number (None: not asked
+        #: yet), and when (monotonic) we asked
+        self._peers: tuple[int, int] | None = None
+        self._peers_at = 0.0
         #: topic -> the lister of our batch claims' lease ranges (keeps its estimate)
         self._ranges: dict[str, leases.KeyRange] = {}
 
@@ -132,7 +141,11 @@ class Consumer:
         # together seldom race for one key (a lost conditional PUT is a request wasted,
         # and SeaweedFS answers it slowly); alone, oldest first. A wider listing is
         # still one request.
-        contended = self._contended.get(topic, False)
+        contended = self._contended.get(topic)
+        if contended is None:
+            # First poll here: consumers started together would all take the same
+            # oldest keys; spread at once if anyone else is registered.
+            contended = self._registered_peers()[1] > 1
         if self._idle.get(topic, True):
             # Idle (or first) poll: messages first, so an empty topic costs one request.
             # The listing must reach past the messages others hold: last poll's lease
@@ -167,17 +180,19 @@ class Consumer:
         if not candidates:
             return []
         batches = self._claims_in_batches()
-        if len(candidates) > want:
-            candidates = (self._run_of(topic, candidates, want) if batches
-                          else self._rng.sample(candidates, want))
+        if batches and (rivals or contended):
+            candidates = self._run_of(topic, candidates, want)
+        elif len(candidates) > want:
+            candidates = self._rng.sample(candidates, want)
         if batches:
             results = self._claim_batch(topic, candidates, listed_at)
         else:
             results = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
         got = [m for m in results if m is not None]
         self._contended[topic] = rivals or len(got) < len(candidates)
-        if len(got) < len(candidates):
-            self._cursor.pop(topic, None)  # we met a rival's run: start elsewhere
+        if len(got) < len(candidates) and topic in self._cursor:
+            # we met a rival's run: carry on from a random place
+            self._cursor[topic] = _id_at(self._rng.random())
         return got
 
     @staticmethod
@@ -193,23 +208,37 @@ class Consumer:
     def _run_of(
         self, topic: str, candidates: list[tuple[str, str]], want: int
     ) -> list[tuple[str, str]]:
-        """``want`` candidates adjacent in message id order, so their lease keys are too
-        and a batch claim's listings span a ``want / len(candidates)`` share of the
-        leases instead of all of them (see leases.KeyRange). Each run starts where our
-        last one ended, so consumers sweeping the id space at one pace keep apart;
-        after lost claims (or at first) it starts at a random place."""
+        """Up to ``want`` candidates adjacent in message id order, so their lease keys are
+        too and a batch claim's listings span only their share of the leases (see
+        leases.KeyRange). Each run carries on after our last one, so consumers sweeping
+        the id space at one pace keep apart: the first starts at our share of the id
+        space by rank among the registered consumers, after lost claims a run starts at
+        a random place; none takes more than its share of scarce candidates."""
         ordered = sorted(candidates, key=lambda c: c[1])
-        cursor = self._cursor.get(topic)
-        if cursor is None:
-            start = self._rng.randrange(len(ordered) - want + 1)
-        else:
-            start = bisect.bisect_right([mid for _, mid in ordered], cursor)
-            if start >= len(ordered):
-                start = 0  # past the last id: round again from the first
-            start = min(start, len(ordered) - want)
+        place, peers = self._registered_peers()
+        want = min(want, max(-(-len(ordered) // peers), _MIN_SHARE))
+        cursor = self._cursor.get(topic) or _id_at(place / peers)
+        start = bisect.bisect_right([mid for _, mid in ordered], cursor)
+        if start >= len(ordered):
+            start = 0  # past the last id: round again from the first
         run = ordered[start : start + want]
         self._cursor[topic] = run[-1][1]
         return run
+
+    def _registered_peers(self) -> tuple[int, int]:
+        """Our rank among the registered consumers and their number, asked again at
+        most every ``registry.heartbeat_interval_seconds`` (one LIST of keys); an error
+        counts as one peer besides us."""
+        now = self._ctx.clock.monotonic()
+        every = self._ctx.config.registry.heartbeat_interval_seconds
+        if self._peers is None or now - self._peers_at >= every:
+            self._peers_at = now
+            try:
+                self._peers = registry.rank(self._ctx, "consumers", self.id)
+            except StorageError as exc:
+                log.warning("could not list registered consumers: %s", exc)
+                self._peers = self._peers or (self._rng.randrange(2), 2)
+        return self._peers
 
     def _rivals_hold(self, topic: str, live: set[str]) -> bool:
         """Whether some live lease on ``topic`` is not ours: others consume here."""
@@ -287,16 +316,26 @@ class Consumer:
         self, topic: str, candidates: Sequence[tuple[str, str]], listed_at: float
     ) -> list[Message | None]:
         """Claim all candidates' leases in one csprng batch (``listed_at``: when the lease
-        LIST that found them free was sent), then fetch the won messages in parallel."""
+        LIST that found them free was sent). The messages of the leases written are read
+        on the claim pool while verification waits out its jitter; those of the claims
+        won are kept (a read needs no lease, and no one else may change a message while
+        we prove ours: see docs/guarantees.md)."""
         ctx = self._ctx
         claims = [
             (layout.lease_key(topic, mid),
              leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility))
             for _key, mid in candidates
         ]
+        message_of = {lease_key: key for (key, _mid), (lease_key, _b) in zip(candidates, claims)}
         started = ctx.clock.monotonic()
         threads = ctx.config.polling.claim_threads
         pool = ctx.pool("claim", threads)
+        reads: dict[str, Future[GetResult]] = {}
+
+        def read_ahead(lease_keys: list[str]) -> None:
+            for lease_key in lease_keys:
+                reads[lease_key] = pool.submit(ctx.store.get, message_of[lease_key])
+
         try:
             tokens = run(
                 leases.claim_csprng_batch(
@@ -306,6 +345,7 @@ class Consumer:
                     ranges=self._ranges.setdefault(
                         topic, leases.KeyRange(layout.leases_prefix(topic))
                     ),
+                    on_written=read_ahead,
                 ),
                 ctx.store, ctx.clock, pool,
             )
@@ -317,21 +357,26 @@ class Consumer:
             for (key, mid), (lease_key, _body), token in zip(candidates, claims, tokens)
             if token is not None
         ]
-        return self._in_parallel(lambda w: self._fetch_safely(topic, w), won) if won else []
+        return [self._fetch_safely(topic, w, reads.get(w.lease_key)) for w in won]
 
-    def _fetch_safely(self, topic: str, won: _Won) -> Message | None:
+    def _fetch_safely(
+        self, topic: str, won: _Won, read: Future[GetResult] | None = None
+    ) -> Message | None:
         try:
-            return self._fetch(topic, won)
+            return self._fetch(topic, won, read)
         except StorageError as exc:
             log.warning("fetch of %s failed: %s", won.key, exc)
             return None
 
-    def _fetch(self, topic: str, won: _Won) -> Message | None:
-        """Read the message whose lease we won; give the lease back if it has vanished
-        or cannot be read, and dead-letter it if malformed."""
+    def _fetch(
+        self, topic: str, won: _Won, read: Future[GetResult] | None = None
+    ) -> Message | None:
+        """Read the message whose lease we won (or take the read already under way);
+        give the lease back if it has vanished or cannot be read, and dead-letter it
+        if malformed."""
         key, mid, lease_key, token = won.key, won.mid, won.lease_key, won.token
         try:
-            got = self._ctx.store.get(key)
+            got = read.result() if read is not None else self._ctx.store.get(key)
         except ObjectNotFound:  # acked by someone else between our listing and our claim
             self._drop_lease(lease_key, token)
             return None
@@ -629,6 +674,11 @@ class _Won:
     lease_key: str
     token: str
     started: float
+
+
+def _id_at(fraction: float) -> str:
+    """The message id (a uuid string, as ids compare) at ``fraction`` of the id space."""
+    return str(uuid.UUID(int=min(int(fraction * 2**128), 2**128 - 1)))
 
 
 def _decode_message(raw: bytes, mid: str) -> dict[str, Any]:
