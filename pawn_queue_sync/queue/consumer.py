@@ -141,11 +141,8 @@ class Consumer:
         # together seldom race for one key (a lost conditional PUT is a request wasted,
         # and SeaweedFS answers it slowly); alone, oldest first. A wider listing is
         # still one request.
-        contended = self._contended.get(topic)
-        if contended is None:
-            # First poll here: consumers started together would all take the same
-            # oldest keys; spread at once if anyone else is registered.
-            contended = self._registered_peers()[1] > 1
+        known = self._contended.get(topic)
+        contended = bool(known)
         if self._idle.get(topic, True):
             # Idle (or first) poll: messages first, so an empty topic costs one request.
             # The listing must reach past the messages others hold: last poll's lease
@@ -155,6 +152,11 @@ class Consumer:
             listing = self._ctx.store.list(prefix, limit=window + seen + _LIST_SLACK)
             if not listing.objects:
                 return []
+            if known is None:
+                # First poll with messages: consumers started together would all take
+                # the same oldest keys, so spread at once if others are registered.
+                contended = self._registered_peers()[1] > 1
+                window = self._window(want, seen, contended)
             live, listed_at = self._live_leases(topic)
             rivals = self._rivals_hold(topic, live)
             if listing.truncated and len(listing.objects) < window + len(live) + _LIST_SLACK:
