@@ -210,21 +210,23 @@ class Consumer:
     def _run_of(
         self, topic: str, candidates: list[tuple[str, str]], want: int
     ) -> list[tuple[str, str]]:
-        """Up to ``want`` candidates adjacent in message id order, so their lease keys are
-        too and a batch claim's listings span only their share of the leases (see
+        """``want`` candidates adjacent in message id order, so their lease keys are too
+        and a batch claim's listings span only their share of the leases (see
         leases.KeyRange). Each run carries on after our last one, so consumers sweeping
         the id space at one pace keep apart: the first starts at our share of the id
         space by rank among the registered consumers, after lost claims a run starts at
-        a random place; none takes more than its share of scarce candidates."""
+        a random place, and one that reached the last id is followed by one from the
+        first. None takes more than its share of scarce candidates."""
         ordered = sorted(candidates, key=lambda c: c[1])
         place, peers = self._registered_peers()
         want = min(want, max(-(-len(ordered) // peers), _MIN_SHARE))
-        cursor = self._cursor.get(topic) or _id_at(place / peers)
+        cursor = self._cursor.get(topic)
+        if cursor is None:
+            cursor = _id_at(place / peers)
         start = bisect.bisect_right([mid for _, mid in ordered], cursor)
-        if start >= len(ordered):
-            start = 0  # past the last id: round again from the first
+        start = max(0, min(start, len(ordered) - want))  # near the end: the last `want`
         run = ordered[start : start + want]
-        self._cursor[topic] = run[-1][1]
+        self._cursor[topic] = run[-1][1] if start + want < len(ordered) else ""
         return run
 
     def _registered_peers(self) -> tuple[int, int]:
