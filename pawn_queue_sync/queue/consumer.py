@@ -146,9 +146,10 @@ class Consumer:
         if self._idle.get(topic, True):
             # Idle (or first) poll: messages first, so an empty topic costs one request.
             # The listing must reach past the messages others hold: last poll's lease
-            # count is the estimate.
+            # count is the estimate. A first poll lists wide: whether to spread is known
+            # only once the registry is asked, and a page is not listed twice.
             seen = self._leases_seen.get(topic, 0)
-            window = self._window(want, seen, contended)
+            window = self._window(want, seen, contended or known is None)
             listing = self._ctx.store.list(prefix, limit=window + seen + _LIST_SLACK)
             if not listing.objects:
                 return []
