@@ -670,6 +670,32 @@ def test_sigterm_stops_a_listener_with_installed_handlers(mem_queue: PawnQueue) 
     assert runtime_threads() == []
 
 
+def test_sigterm_delivered_to_another_thread_still_stops_the_listener(
+    mem_queue: PawnQueue,
+) -> None:
+    """The kernel may hand a process's signal to any thread; Python runs the handler in
+    the main thread only once that thread runs Python code. The main thread waiting
+    for the stop must still wake (it used to wait forever)."""
+    assert threading.current_thread() is threading.main_thread()
+    publish(mem_queue, 5)
+    first = threading.Event()
+    listener = Listener(mem_queue.register_consumer("c", [TOPIC]), lambda m: first.set(),
+                        max_workers=2, install_signal_handlers=True)
+    # a SIGTERM aimed at this helper thread, not the main one
+    killer = run_in_thread(lambda: first.wait(DEADLINE)
+                           and signal.pthread_kill(threading.get_ident(), signal.SIGTERM))
+    timed_out = threading.Event()
+    watchdog = threading.Timer(DEADLINE, lambda: (timed_out.set(), listener.stop()))
+    watchdog.start()
+    try:
+        listener.run()  # returns once the SIGTERM is handled
+    finally:
+        watchdog.cancel()
+    join(killer)
+    assert first.is_set() and not timed_out.is_set()
+    assert runtime_threads() == []
+
+
 def test_messages_claimed_while_stopping_are_released_at_once() -> None:
     """stop() while a poll is claiming: what it claims is given back, never handled."""
     in_claim, go_on = threading.Event(), threading.Event()

@@ -91,6 +91,10 @@ class ListenerStats:
     ack_errors: int = 0
 
 
+#: How often the main thread of a listener with signal handlers looks at its stop flag.
+SIGNAL_CHECK_S = 1.0
+
+
 def describe_error(exc: BaseException, limit: int = ERROR_TEXT_LIMIT) -> str:
     """``Type: message`` and the last frames of the traceback, at most ``limit`` chars."""
     head = f"{type(exc).__name__}: {exc}"
@@ -108,6 +112,10 @@ class _Wakeup:
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
+
+    def write_fd(self) -> int:
+        """The end a signal's C handler may write to (``signal.set_wakeup_fd``)."""
+        return self._w.fileno()
 
     def notify(self) -> None:
         with contextlib.suppress(OSError):  # full (already woken) or closed (stopped)
@@ -262,7 +270,10 @@ class Listener:
         restore = self._install_signal_handlers()
         try:
             self._start_threads()
-            check = 0.1 if self._stop_event is not None else None
+            # With signal handlers, look again each second anyway: on_signal runs only
+            # when the main thread runs Python code (the wakeup fd should see to that).
+            check = 0.1 if self._stop_event is not None else (
+                SIGNAL_CHECK_S if self._install_signals else None)
             while not self._stop_requested:
                 if self._stop_event is not None and self._stop_event.is_set():
                     log.info("listener %s: stop event set", self._name)
@@ -289,8 +300,12 @@ class Listener:
             self.stop()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # A signal may be delivered to any thread; its C handler then writes here, which
+        # wakes the main thread's wait so that on_signal runs (it runs in that thread).
+        previous_fd = signal.set_wakeup_fd(self._wakeup.write_fd(), warn_on_full_buffer=False)
 
         def restore() -> None:
+            signal.set_wakeup_fd(previous_fd)
             for s, h in previous.items():
                 signal.signal(s, h)
 
