@@ -46,6 +46,7 @@ from pawn_queue_sync.protocol.effects import (
     Sleep,
 )
 from pawn_queue_sync.storage.base import GetResult, Listing, ObjectInfo, PutResult
+from pawn_queue_sync.storage.local import build_listing
 
 ORIGIN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -288,14 +289,13 @@ class SimS3:
     def _list(self, prefix: str, start_after: str | None, limit: int | None) -> Listing:
         """The keys under ``prefix`` after ``start_after`` as they stand now, in byte
         order, the first ``limit`` of them (one atomic snapshot, as one page is)."""
-        objects = [
-            ObjectInfo(key, v.etag, len(v.body), self.wall(v.written_at))
-            for key, v in sorted(self.objects.items())
-            if key.startswith(prefix) and (start_after is None or key > start_after)
-        ]
-        truncated = limit is not None and len(objects) > limit
-        return Listing(objects[:limit] if truncated else objects, server_time=self.wall(),
-                       truncated=truncated)
+
+        def info(key: str) -> ObjectInfo:
+            v = self.objects[key]
+            return ObjectInfo(key, v.etag, len(v.body), self.wall(v.written_at))
+
+        return build_listing(sorted(self.objects), info, prefix, limit, None, self.wall(),
+                             start_after)
 
     def _mutate(
         self, actor: str, op: str, key: str, before: Version | None, after: Version | None

@@ -251,9 +251,9 @@ def claim_csprng_batch(
         done = (yield Parallel(tuple(_put_if_free(k, b, until) for k, b in todo))) if todo else []
         written.update(zip((key for key, _ in todo), done))
     held = {key: token for key, token in written.items() if token is not None}
-    if held and on_written is not None:
-        on_written(list(held))
     if held:
+        if on_written is not None:
+            on_written(list(held))
         held = yield from _verify(settings, rng, held, ranges.still_ours)
     return [held.get(key) for key, _ in claims]
 

@@ -365,7 +365,7 @@ class Consumer:
         return [self._fetch_safely(topic, w, reads.get(w.lease_key)) for w in won]
 
     def _fetch_safely(
-        self, topic: str, won: _Won, read: Future[GetResult] | None = None
+        self, topic: str, won: _Won, read: Future[GetResult] | None
     ) -> Message | None:
         try:
             return self._fetch(topic, won, read)

@@ -122,7 +122,7 @@ def list_entries(ctx: Context, role: Role | None = None) -> list[RegistryEntry]:
 def rank(ctx: Context, role: Role, entity_id: str) -> tuple[int, int]:
     """Our place among the ids registered in ``role`` and how many there are (counting
     us if we are not listed): one LIST of keys, no reads."""
-    prefix = f"{layout.REGISTRY_PREFIX}{role}/"
-    keys = sorted({info.key for info in ctx.store.list(prefix).objects}
-                  | {layout.registry_key(role, entity_id)})
-    return keys.index(layout.registry_key(role, entity_id)), len(keys)
+    ours = layout.registry_key(role, entity_id)
+    listing = ctx.store.list(f"{layout.REGISTRY_PREFIX}{role}/")
+    keys = sorted({info.key for info in listing.objects} | {ours})
+    return keys.index(ours), len(keys)
