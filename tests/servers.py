@@ -9,7 +9,12 @@ Two servers are supported:
   process: ``mock_aws`` resets moto's (shared, global) backends and wipes the server's
   buckets.
 
-Both accept any credentials; the helpers here always use ``test``/``test`` in
+SeaweedFS checks signatures: it starts with an identities file (``-s3.config``) that
+knows an admin identity (``ACCESS_KEY``/``SECRET_KEY``, every action), a read-only one
+(``READONLY_ACCESS_KEY``/``READONLY_SECRET_KEY``: Read and List) and the distinctive
+admin credentials of the leak checks (``LEAK_CHECK_*``). A wrong secret gets
+``SignatureDoesNotMatch``, a write with the read-only identity ``AccessDenied``. moto
+accepts any credentials. The helpers here always use the admin credentials in
 ``us-east-1`` explicitly, never the environment.
 """
 
@@ -19,6 +24,7 @@ import contextlib
 import copy
 import ctypes
 import ctypes.util
+import json
 import logging
 import os
 import random
@@ -31,6 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +45,20 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+#: The admin identity: every action (SeaweedFS), what every test uses by default.
 ACCESS_KEY = "test"
 SECRET_KEY = "test"
+#: A read-only identity on SeaweedFS (actions Read and List): writes get AccessDenied.
+READONLY_ACCESS_KEY = "pqs-readonly"
+READONLY_SECRET_KEY = "pqs-readonly-secret/+0123456789"
+#: Distinctive admin credentials for the leak checks of test_secrets.py (a substring
+#: search finds them anywhere); an identity of their own on SeaweedFS.
+LEAK_CHECK_ACCESS_KEY = "AKIAPQSYNCLEAKCHECK7"
+LEAK_CHECK_SECRET_KEY = "pqSync+Secret/LEAK-check_0123456789abcdefXYZ"
 REGION = "us-east-1"
+#: SeaweedFS actions of an identity that may do everything, and of a read-only one.
+ADMIN_ACTIONS = ("Admin", "Read", "Write", "List", "Tagging")
+READONLY_ACTIONS = ("Read", "List")
 
 #: Seconds to wait for SeaweedFS to answer a real S3 round trip after launch.
 SEAWEEDFS_READY_TIMEOUT = 60.0
@@ -73,20 +91,31 @@ def client_config() -> Config:
     )
 
 
-def make_client(endpoint_url: str, config: Config | None = None) -> Any:
-    """Create a boto3 S3 client for *endpoint_url* with the test credentials."""
+def make_client(
+    endpoint_url: str,
+    config: Config | None = None,
+    *,
+    access_key: str = ACCESS_KEY,
+    secret_key: str = SECRET_KEY,
+) -> Any:
+    """Create a boto3 S3 client for *endpoint_url* (the admin credentials by default)."""
     return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint_url,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
         region_name=REGION,
         config=config or client_config(),
     )
 
 
 class S3Server:
-    """A running S3 server: its name, endpoint and how to stop it."""
+    """A running S3 server: its name, endpoint, credentials and how to stop it.
+
+    ``access_key``/``secret_key`` may do everything; ``readonly`` is the
+    ``(access_key, secret_key)`` of a read-only identity where the server checks
+    credentials (SeaweedFS), else None (moto accepts anything).
+    """
 
     def __init__(
         self,
@@ -96,11 +125,20 @@ class S3Server:
         *,
         log_path: Path | None = None,
         pid: int | None = None,
+        access_key: str = ACCESS_KEY,
+        secret_key: str = SECRET_KEY,
+        readonly: tuple[str, str] | None = None,
+        checks_signatures: bool = False,
     ) -> None:
         self.name = name
         self.endpoint_url = endpoint_url
         self.log_path = log_path
         self.pid = pid
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.readonly = readonly
+        #: Whether a wrong secret or an unknown key is refused (SeaweedFS with identities).
+        self.checks_signatures = checks_signatures
         self._stopper = stopper
         self._stopped = False
         self._lock = threading.Lock()
@@ -114,7 +152,9 @@ class S3Server:
         pid = os.getpid()
         with self._lock:
             if pid not in self._clients:
-                self._clients[pid] = make_client(self.endpoint_url)
+                self._clients[pid] = make_client(
+                    self.endpoint_url, access_key=self.access_key, secret_key=self.secret_key
+                )
             return self._clients[pid]
 
     def make_bucket(self, prefix: str = "t") -> str:
@@ -173,8 +213,8 @@ def config_dict(server: S3Server, bucket: str, **overrides: Any) -> dict[str, An
         "s3": {
             "endpoint_url": server.endpoint_url,
             "bucket_name": bucket,
-            "aws_access_key_id": ACCESS_KEY,
-            "aws_secret_access_key": SECRET_KEY,
+            "aws_access_key_id": server.access_key,
+            "aws_secret_access_key": server.secret_key,
             "region_name": REGION,
             "use_ssl": False,
         }
@@ -370,7 +410,36 @@ def _remove_grpc_sockets(base: int) -> None:
             path.unlink()
 
 
-def _seaweedfs_command(weed: Path, data_dir: Path, workdir: Path, base: int) -> list[str]:
+def seaweedfs_identities() -> dict[str, Any]:
+    """The ``-s3.config`` identities of the test server: admin, read-only, leak check."""
+
+    def identity(name: str, key: str, secret: str, actions: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "credentials": [{"accessKey": key, "secretKey": secret}],
+            "actions": list(actions),
+        }
+
+    return {
+        "identities": [
+            identity("admin", ACCESS_KEY, SECRET_KEY, ADMIN_ACTIONS),
+            identity("readonly", READONLY_ACCESS_KEY, READONLY_SECRET_KEY, READONLY_ACTIONS),
+            identity("leakcheck", LEAK_CHECK_ACCESS_KEY, LEAK_CHECK_SECRET_KEY, ADMIN_ACTIONS),
+        ]
+    }
+
+
+def _write_identities(workdir: Path) -> Path:
+    """Write the identities file into *workdir* (owner-only) and return its path."""
+    path = workdir / "s3-identities.json"
+    path.write_text(json.dumps(seaweedfs_identities(), indent=1))
+    path.chmod(0o600)
+    return path
+
+
+def _seaweedfs_command(
+    weed: Path, data_dir: Path, workdir: Path, base: int, identities: Path
+) -> list[str]:
     """Return the ``weed mini`` command line for S3 port *base*."""
     cmd = [
         str(weed),
@@ -395,6 +464,8 @@ def _seaweedfs_command(weed: Path, data_dir: Path, workdir: Path, base: int) -> 
         # Every bucket is a collection with volumes of its own; the default volume count
         # (free disk / 1 GiB, 78 here) runs out after that many buckets with data.
         "-volume.max=5000",
+        # Identities: signatures are checked, and a read-only identity exists.
+        f"-s3.config={identities}",
     ]
     sockets = {"s3": workdir / f"s3-{base}.sock", "filer": workdir / f"filer-{base}.sock"}
     if all(len(str(path)) <= _MAX_UNIX_SOCKET_PATH for path in sockets.values()):
@@ -442,6 +513,7 @@ def start_seaweedfs(
     deadline = time.monotonic() + ready_timeout
     preexec = _pdeathsig_preexec()
     failures: list[str] = []
+    identities = _write_identities(workdir)
     for _ in range(attempts):
         base = pick_seaweedfs_base_port()
         data_dir = workdir / f"data-{base}"
@@ -450,7 +522,7 @@ def start_seaweedfs(
         endpoint = f"http://127.0.0.1:{base}"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                _seaweedfs_command(weed, data_dir, workdir, base),
+                _seaweedfs_command(weed, data_dir, workdir, base, identities),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -471,7 +543,10 @@ def start_seaweedfs(
                 if _terminate(proc, stop_timeout):
                     _remove_grpc_sockets(base)
 
-            return S3Server("seaweedfs", endpoint, stopper, log_path=log_path, pid=proc.pid)
+            return S3Server(
+                "seaweedfs", endpoint, stopper, log_path=log_path, pid=proc.pid,
+                readonly=(READONLY_ACCESS_KEY, READONLY_SECRET_KEY), checks_signatures=True,
+            )
         if proc.poll() is None:  # deadline passed, server still not serving
             if _terminate(proc, stop_timeout):
                 _remove_grpc_sockets(base)
@@ -485,3 +560,208 @@ def start_seaweedfs(
         if time.monotonic() >= deadline:
             break
     raise ServerStartError("SeaweedFS failed to start:\n" + "\n".join(failures))
+
+
+# ------------------------------------------------------------------ a racing proxy
+
+#: Headers that belong to one hop: never forwarded as they came.
+_HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+     "upgrade", "expect", "content-length"}
+)
+_CONDITION_HEADERS = ("if-none-match", "if-match")
+
+
+class RacyProxy:
+    """A loopback HTTP proxy in front of an S3 server, for the capability probe's tests.
+
+    Honest (``strip_overlapping=False``) it forwards every request as it came. Racy, it
+    models a server whose conditional writes break under concurrency (SeaweedFS issue
+    8800): a PUT or DELETE carrying If-None-Match / If-Match waits up to
+    ``overlap_wait`` seconds for another request on the same key to be in flight (an
+    event, not a sleep: it goes on as soon as one arrives), and while two overlap it
+    drops their condition headers and signs them again (the server checks
+    signatures), so both succeed. A lone conditional request keeps its headers.
+
+    ``requests`` lists ``(method, path)`` of every request received; ``stripped``
+    counts requests whose conditions were dropped.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        strip_overlapping: bool,
+        access_key: str = ACCESS_KEY,
+        secret_key: str = SECRET_KEY,
+        region: str = REGION,
+        overlap_wait: float = 0.5,
+    ) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"upstream must be http://host:port, not {upstream!r}")
+        self.upstream = (parts.hostname, parts.port)
+        self.strip_overlapping = strip_overlapping
+        self.overlap_wait = overlap_wait
+        self._credentials = (access_key, secret_key, region)
+        self._cond = threading.Condition()
+        self._in_flight: dict[str, int] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.stripped = 0
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def count(self, path_prefix: str = "", method: str | None = None) -> int:
+        """How many requests had a path starting with ``path_prefix`` (and ``method``)."""
+        with self._cond:
+            return sum(
+                1 for m, p in self.requests
+                if p.startswith(path_prefix) and (method is None or m == method)
+            )
+
+    def start(self) -> RacyProxy:
+        from http.server import ThreadingHTTPServer
+
+        proxy = self
+        handler = type("Handler", (_ProxyHandler,), {"proxy": proxy})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="racy-proxy", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> RacyProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- used by the handler ----------------------------------------------------------
+
+    def _record(self, method: str, path: str) -> None:
+        with self._cond:
+            self.requests.append((method, path))
+
+    def _enter(self, key: str, conditional: bool) -> bool:
+        """Register a request on ``key``; True when its conditions are to be dropped."""
+        with self._cond:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            self._cond.notify_all()
+            if not (conditional and self.strip_overlapping):
+                return False
+            self._cond.wait_for(lambda: self._in_flight[key] >= 2, self.overlap_wait)
+            overlapping = self._in_flight[key] >= 2
+            if overlapping:
+                self.stripped += 1
+            return overlapping
+
+    def _leave(self, key: str) -> None:
+        with self._cond:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+
+    def _resign(
+        self, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> list[tuple[str, str]]:
+        """``headers`` without the condition headers, signed again (SigV4, botocore)."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        drop = {*_CONDITION_HEADERS, "authorization", "x-amz-date", "x-amz-content-sha256"}
+        kept = {k: v for k, v in headers if k.lower() not in drop}
+        host = next(v for k, v in headers if k.lower() == "host")
+        request = AWSRequest(method=method, url=f"http://{host}{path}", data=body, headers=kept)
+        key, secret, region = self._credentials
+        S3SigV4Auth(Credentials(key, secret), "s3", region).add_auth(request)
+        return list(request.headers.items())
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    """Forwards one request at a time on its connection (HTTP/1.1 keep-alive)."""
+
+    proxy: RacyProxy
+    protocol_version = "HTTP/1.1"
+    timeout = 120
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: pytest shows failures, not every request."""
+
+    def _body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _forward(self) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        proxy = self.proxy
+        method, path = self.command, self.path
+        body = self._body()
+        key = urlsplit(path).path
+        proxy._record(method, key)
+        headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS]
+        conditional = method in ("PUT", "DELETE") and any(
+            k.lower() in _CONDITION_HEADERS for k, _ in headers
+        )
+        strip = proxy._enter(key, conditional)
+        try:
+            if strip:
+                headers = proxy._resign(method, path, headers, body)
+            conn = http.client.HTTPConnection(*proxy.upstream, timeout=120)
+            try:
+                conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+                for name, value in headers:
+                    conn.putheader(name, value)
+                if body or method in ("PUT", "POST"):
+                    conn.putheader("Content-Length", str(len(body)))
+                conn.endheaders(body or None)
+                resp = conn.getresponse()
+                data = resp.read()
+                status, reason, got = resp.status, resp.reason, resp.getheaders()
+            finally:
+                conn.close()
+        finally:
+            proxy._leave(key)
+        self.send_response_only(status, reason)
+        for name, value in got:
+            if name.lower() not in _HOP_HEADERS:
+                self.send_header(name, value)
+        length = next((v for k, v in got if k.lower() == "content-length"), None)
+        self.send_header(
+            "Content-Length", length if method == "HEAD" and length else str(len(data))
+        )
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
