@@ -12,17 +12,8 @@ from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
-from ..errors import (
-    ConditionFailed,
-    ConfigError,
-    NotStartedError,
-    ObjectNotFound,
-    ProbeError,
-    RegistrationError,
-    StorageError,
-    StoreUnavailable,
-)
-from ..protocol.lease import Capabilities
+from ..errors import NotStartedError, RegistrationError
+from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from . import layout, registry, topics
 from .consumer import Consumer
@@ -30,8 +21,6 @@ from .context import Context
 from .producer import Producer
 
 log = logging.getLogger(__name__)
-
-_WRONG_ETAG = "0" * 32
 
 
 class PawnQueue:
@@ -76,17 +65,8 @@ class PawnQueue:
         if self._ctx is not None:
             return self
         store = self._given_store or build_store(self._config)
-        try:
-            caps = probe(store)
-            wanted = self._config.concurrency.strategy
-            if wanted == "conditional_write" and not caps.if_none_match:
-                raise ConfigError(
-                    "concurrency.strategy",
-                    f"conditional_write was asked for, but {store.describe()} ignores "
-                    "If-None-Match; use csprng_verify or auto",
-                )
-            if wanted == "csprng_verify":
-                caps = Capabilities(if_none_match=False, if_match=caps.if_match)
+        try:  # a racing probe, once per store and process (see protocol.probe)
+            caps = capabilities(store, self._config.concurrency.strategy)
         except BaseException:
             if self._given_store is None:
                 store.close()
@@ -194,49 +174,3 @@ def build_store(config: PawnQueueConfig) -> Store:
     from ..storage.local import LocalStore
 
     return LocalStore(Path(config.local.path), fsync=config.local.fsync)
-
-
-def probe(store: Store) -> Capabilities:
-    """Find out whether the server honours If-None-Match and If-Match, on a scratch
-    object that is always removed. An unexpected error is a ProbeError, never a guess."""
-    key = layout.probe_key()
-    try:
-        store.put(key, b'{"probe":"a"}')
-    except StoreUnavailable:
-        raise  # unreachable, no bucket, bad credentials: say exactly that
-    except StorageError as exc:
-        raise ProbeError(f"capability probe failed on {store.describe()}: {exc}") from exc
-    try:
-        try:
-            store.put(key, b'{"probe":"b"}', if_none_match=True)
-            if_none_match = False
-        except ConditionFailed:
-            if_none_match = True
-        try:
-            store.put(key, b'{"probe":"c"}', if_match=_WRONG_ETAG)
-            if_match = False
-        except ConditionFailed:
-            if_match = True
-        if if_match:
-            try:
-                store.delete(key, if_match=_WRONG_ETAG)
-                if_match = False  # PUT honours it, DELETE does not: treat as unsupported
-            except ConditionFailed:
-                pass
-    except StorageError as exc:
-        raise ProbeError(f"capability probe failed on {store.describe()}: {exc}") from exc
-    finally:
-        _remove_probe(store, key)
-    return Capabilities(if_none_match=if_none_match, if_match=if_match)
-
-
-def _remove_probe(store: Store, key: str) -> None:
-    for _ in range(3):
-        try:
-            store.delete(key)
-            return
-        except ObjectNotFound:
-            return
-        except StorageError as exc:
-            last = exc
-    raise ProbeError(f"could not remove probe object {key}: {last}")

@@ -1,0 +1,323 @@
+"""The capability probe: does the server honour If-None-Match and If-Match, also when
+requests race?
+
+Conditional writes have had concurrency bugs in real servers (a SeaweedFS release
+answered 200 to three concurrent ``If-None-Match: *`` creates of one key; RustFS and
+versitygw had similar races). A sequential check cannot see that, so the probe races:
+:data:`ROUNDS` rounds of :data:`RACERS` concurrent creates of one fresh key with
+``If-None-Match: *`` and then as many concurrent ``If-Match`` updates against its one
+known ETag; each race must have exactly one winner. Once, it also checks that a PUT and
+a DELETE with a wrong ETag are refused. About 30 requests; the scratch objects
+(``_probe/{uuid}.probe``) are always removed.
+
+The result is cached for the process per store (endpoint + bucket, or local path), so
+workers and queues after the first do not pay for it again; concurrent setups on one
+store wait for one probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import attrs
+
+from ..errors import (
+    ConditionFailed,
+    ObjectNotFound,
+    ProbeError,
+    StorageError,
+    StoreUnavailable,
+)
+from ..queue import layout
+from ..storage.base import PutResult, Store
+from .lease import Capabilities
+
+__all__ = ["ROUNDS", "RACERS", "ProbeReport", "capabilities", "clear_cache", "probe"]
+
+log = logging.getLogger(__name__)
+
+#: Rounds of races; each uses a fresh key.
+ROUNDS = 3
+#: Concurrent requests per race. SeaweedFS answers losers slowly (1-6 s) from about
+#: six contenders for one key on; four race well and answer at once.
+RACERS = 4
+#: Seconds a racer waits at the starting line for the others before giving up.
+_START_TIMEOUT = 30.0
+_WRONG_ETAG = "0" * 32
+
+
+@attrs.frozen
+class ProbeReport:
+    """What the probe found: the capabilities, and each check that failed (in words)."""
+
+    if_none_match: bool
+    if_match: bool
+    failures: tuple[str, ...] = ()
+
+    @property
+    def caps(self) -> Capabilities:
+        return Capabilities(if_none_match=self.if_none_match, if_match=self.if_match)
+
+
+# -- the probe ----------------------------------------------------------------------------
+
+
+def probe(store: Store, *, rounds: int = ROUNDS, racers: int = RACERS) -> ProbeReport:
+    """Race conditional writes on scratch objects (always removed) and report what held.
+
+    Raises :class:`StoreUnavailable` when the store refuses us (credentials, bucket),
+    with a hint when a write is denied (read-only credentials), and :class:`ProbeError`
+    on any other error: never a guess.
+    """
+    where = redact(store.describe())
+    inm_failures: list[str] = []
+    im_failures: list[str] = []
+    with ThreadPoolExecutor(racers, thread_name_prefix="pqs-probe") as pool:
+        for number in range(1, rounds + 1):
+            key = layout.probe_key()
+            try:
+                _round(store, pool, key, number, racers, inm_failures, im_failures)
+            except StoreUnavailable as exc:
+                _cleanup_quietly(store, key)
+                raise _denied(exc, where) from None
+            except StorageError as exc:
+                _cleanup_quietly(store, key)
+                raise ProbeError(f"capability probe failed on {where}: {exc}") from None
+            except BaseException:
+                _cleanup_quietly(store, key)
+                raise
+            _remove(store, key, where)
+    return ProbeReport(
+        if_none_match=not inm_failures,
+        if_match=not im_failures,
+        failures=tuple(inm_failures + im_failures),
+    )
+
+
+def _round(
+    store: Store,
+    pool: ThreadPoolExecutor,
+    key: str,
+    number: int,
+    racers: int,
+    inm_failures: list[str],
+    im_failures: list[str],
+) -> None:
+    """One round on ``key``: a create race, an update race, and (first round) the
+    wrong-ETag checks. Failures are appended in words; errors raise."""
+    won = _race(pool, racers, lambda i: store.put(key, _body("create", i), if_none_match=True))
+    if len(won) != 1:
+        inm_failures.append(
+            f"If-None-Match: {len(won)} of {racers} concurrent creates of one new key "
+            f"succeeded in round {number} (exactly one must)"
+        )
+    known = won[0].etag if len(won) == 1 else store.put(key, _body("base", 0)).etag
+    won = _race(pool, racers, lambda i: store.put(key, _body("update", i), if_match=known))
+    if len(won) != 1:
+        im_failures.append(
+            f"If-Match: {len(won)} of {racers} concurrent updates of one version "
+            f"succeeded in round {number} (exactly one must)"
+        )
+    if number != 1:
+        return
+    try:
+        store.put(key, _body("wrong", 0), if_match=_WRONG_ETAG)
+        im_failures.append("If-Match: a PUT with a wrong ETag succeeded")
+    except ConditionFailed:
+        pass
+    try:
+        store.delete(key, if_match=_WRONG_ETAG)
+        im_failures.append("If-Match: a DELETE with a wrong ETag succeeded")
+    except ConditionFailed:
+        pass
+
+
+def _race(
+    pool: ThreadPoolExecutor, racers: int, write: Callable[[int], PutResult]
+) -> list[PutResult]:
+    """Run ``write(i)`` for each racer at once (a barrier starts them together); the
+    winners' results. A loser is a ConditionFailed; any other error is raised (the
+    first one, after every racer has finished)."""
+    start = threading.Barrier(racers)
+
+    def run(i: int) -> PutResult | None:
+        with contextlib.suppress(threading.BrokenBarrierError):  # race anyway: it counts
+            start.wait(_START_TIMEOUT)
+        try:
+            return write(i)
+        except ConditionFailed:
+            return None
+
+    futures = [pool.submit(run, i) for i in range(racers)]
+    results: list[PutResult] = []
+    error: BaseException | None = None
+    for future in futures:
+        try:
+            result = future.result()
+        except BaseException as exc:  # every racer finishes before anything is raised
+            if error is None or (
+                isinstance(exc, StoreUnavailable) and not isinstance(error, StoreUnavailable)
+            ):
+                error = exc
+            continue
+        if result is not None:
+            results.append(result)
+    if error is not None:
+        raise error
+    return results
+
+
+def _body(kind: str, racer: int) -> bytes:
+    """A body no other request writes (so every write has its own ETag)."""
+    return f'{{"probe":"{kind}","racer":{racer},"nonce":"{secrets.token_hex(8)}"}}'.encode()
+
+
+def _denied(exc: StoreUnavailable, where: str) -> StoreUnavailable:
+    """The store refused a probe request: say so, and that the queue must write."""
+    text = str(exc)
+    hint = ""
+    if "AccessDenied" in text or "403" in text:
+        hint = (
+            "; the credentials may not write: read-only credentials (or a policy "
+            "without PutObject/DeleteObject) cannot run a queue"
+        )
+    return StoreUnavailable(f"capability probe: access denied by {where} ({text}){hint}")
+
+
+def _remove(store: Store, key: str, where: str) -> None:
+    """Delete a probe object, retrying; a ProbeError if it cannot be removed."""
+    last: StorageError | None = None
+    for _ in range(3):
+        try:
+            store.delete(key)
+            return
+        except ObjectNotFound:
+            return
+        except StorageError as exc:
+            last = exc
+    raise ProbeError(f"could not remove probe object {key} on {where}: {last}")
+
+
+def _cleanup_quietly(store: Store, key: str) -> None:
+    """Remove a probe object while another error is on its way out: that error is the
+    one to report, so a failed removal is only logged."""
+    try:
+        _remove(store, key, redact(store.describe()))
+    except StorageError as exc:
+        log.warning("%s", exc)
+
+
+_USERINFO = re.compile(r"(?<=//)[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """``s3:http://user:pass@host/b`` -> ``s3:http://***@host/b``: no userinfo."""
+    return _USERINFO.sub("***@", text)
+
+
+# -- per process, per store -------------------------------------------------------------------
+
+_CACHE: dict[str, ProbeReport] = {}
+_LOCKS: dict[str, threading.Lock] = {}
+_GUARD = threading.Lock()
+
+
+def _cache_key(store: Store) -> str | None:
+    """What identifies ``store`` across instances: endpoint + bucket, or the local
+    path (their ``describe()``); None for other stores (memory, test wrappers), which
+    are probed every time."""
+    from ..storage.local import LocalStore
+
+    if type(store) is LocalStore:
+        return store.describe()
+    s3 = _s3_store_class()
+    if s3 is not None and type(store) is s3:
+        return store.describe()
+    return None
+
+
+def _s3_store_class() -> type | None:
+    try:
+        from ..storage.s3 import S3Store
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return None
+    return S3Store
+
+
+def _reset_locks_after_fork() -> None:
+    """A lock held by another thread at fork would never be released in the child;
+    the results themselves stay valid."""
+    global _GUARD
+    _GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_after_fork)
+
+
+def cached_probe(store: Store) -> tuple[ProbeReport, bool]:
+    """The store's probe report, probing only on the first call for this store in this
+    process; and whether it came from the cache."""
+    key = _cache_key(store)
+    if key is None:
+        return probe(store), False
+    with _GUARD:
+        report = _CACHE.get(key)
+        if report is not None:
+            return report, True
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:  # concurrent setups on one store: one probes, the others wait for it
+        report = _CACHE.get(key)
+        if report is not None:
+            return report, True
+        report = probe(store)  # errors are not cached: the next setup probes again
+        with _GUARD:
+            _CACHE[key] = report
+        return report, False
+
+
+def clear_cache() -> None:
+    """Forget every probe result of this process (tests; a server upgraded in place)."""
+    with _GUARD:
+        _CACHE.clear()
+
+
+def capabilities(store: Store, strategy: str) -> Capabilities:
+    """The capabilities a queue on ``store`` uses with ``concurrency.strategy``.
+
+    ``auto``: conditional_write when the probe passed, else csprng_verify with a
+    warning naming the server and what failed. ``conditional_write``: a
+    :class:`ProbeError` naming the failure when If-None-Match did not hold.
+    ``csprng_verify``: never If-None-Match. If-Match is used only where it held.
+    """
+    report, cached = cached_probe(store)
+    where = redact(store.describe())
+    failures = "; ".join(report.failures)
+    if strategy == "conditional_write" and not report.if_none_match:
+        raise ProbeError(
+            f"concurrency.strategy is conditional_write, but {where} does not honour "
+            f"If-None-Match under concurrent requests: {failures}; use csprng_verify "
+            "(or auto)"
+        )
+    if cached:
+        log.debug("capabilities of %s from this process's earlier probe", where)
+    if report.failures:
+        if strategy == "auto" and not report.if_none_match:
+            log.warning(
+                "%s does not honour conditional writes (%s): falling back to csprng_verify",
+                where, failures,
+            )
+        else:
+            log.warning("%s: %s; leases are fenced without If-Match", where, failures)
+    caps = report.caps
+    if strategy == "csprng_verify":
+        caps = Capabilities(if_none_match=False, if_match=caps.if_match)
+    return caps
