@@ -394,6 +394,77 @@ def test_stream_reader_picks_up_stragglers_and_deletes_only_what_it_read(
     assert stats(cfg, "late")["pending"] == 0
 
 
+def publish_stragglers(cfg: dict[str, Any], topic: str, payloads: list[Any]) -> None:
+    """Publish messages dated an hour ago: their keys sort below every key read so far,
+    as a slow producer's do."""
+    with PawnQueue.from_config(cfg) as pq:
+        old = datetime.now(timezone.utc) - timedelta(hours=1)
+        producer = pq.register_producer("slow")
+        for payload in payloads:
+            producer.publish(topic, payload, created_at=old)
+
+
+def test_stream_reader_deletes_a_straggler_batch_as_big_as_the_one_before(
+    cfg: dict[str, Any]
+) -> None:
+    """Offsets driven by hand, in Spark's order (the next batch is planned, then the
+    previous one committed): a batch of stragglers below the high mark, as many as the
+    batch before it, ends at the same high mark. It is still deleted when committed,
+    and never comes back."""
+    make_topic(cfg, "lag", [{"i": 0}, {"i": 1}])
+    reader = QueueStreamReader(Settings(cfg), "lag", max_per_batch=2, partitions=1,
+                               threads=2)
+    start = reader.initialOffset()
+    end1 = reader.latestOffset(start, None)
+    reader.partitions(start, end1)
+    publish_stragglers(cfg, "lag", [{"i": "s0"}, {"i": "s1"}])
+    end2 = reader.latestOffset(end1, None)
+    # the premise: the same high mark and the same count, other keys
+    assert end2["key"] == end1["key"] and len(end2["keys"]) == len(end1["keys"]) == 2
+    assert set(end2["keys"]).isdisjoint(end1["keys"])
+    reader.commit(end1)
+    reader.partitions(end1, end2)
+    make_topic(cfg, "lag", [{"i": 2}])
+    end3 = reader.latestOffset(end2, None)
+    assert len(end3["keys"]) == 1
+    reader.commit(end2)  # the stragglers' batch is done: deleted
+    assert stats(cfg, "lag")["pending"] == 1
+    reader.partitions(end2, end3)
+    assert reader.latestOffset(end3, None) == end3  # nothing comes back
+
+
+def test_stream_straggler_batch_is_not_redelivered(
+    spark: SparkSession, cfg: dict[str, Any], tmp_path: Path
+) -> None:
+    """A real availableNow stream, two messages a batch. The second run's first batch
+    is two stragglers below the first run's high mark (so the same high mark and count
+    as the batch before); they are deleted once the next batch is planned and never
+    delivered again."""
+    make_topic(cfg, "strag", [{"i": "m0"}, {"i": "m1"}])
+    checkpoint = str(tmp_path / "checkpoint")
+    batches: list[list[str]] = []
+
+    def collect(batch_df: Any, batch_id: int) -> None:  # runs on the driver
+        batches.append(sorted(json.loads(r.payload)["i"] for r in batch_df.collect()))
+
+    def run() -> list[list[str]]:
+        batches.clear()
+        stream = (spark.readStream.format("pawnqueue").option("topic", "strag")
+                  .options(**spark_options(cfg)).option("maxMessagesPerBatch", "2").load())
+        query = (stream.writeStream.foreachBatch(collect)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert query.exception() is None
+        return list(batches)
+
+    assert run() == [["m0", "m1"]]
+    publish_stragglers(cfg, "strag", [{"i": "s0"}, {"i": "s1"}])
+    make_topic(cfg, "strag", [{"i": "n0"}, {"i": "n1"}])
+    assert run() == [["s0", "s1"], ["n0", "n1"]]
+    assert sorted(p["i"] for p in pending_payloads(cfg, "strag")) == ["n0", "n1"]
+    assert run() == []
+
+
 # -- secrets ------------------------------------------------------------------------------------
 
 

@@ -23,6 +23,8 @@ on :class:`QueueStreamReader` and in ``docs/spark.md``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -417,8 +419,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.num_partitions = partitions
         self.threads = threads
         self._target: set[str] | None = None
-        #: offsets whose messages this process deleted (oldest first, a few kept)
-        self._deleted: dict[tuple[str, int], None] = {}
+        #: digests of the offsets whose messages this process deleted (oldest first, a
+        #: few kept; see _mark)
+        self._deleted: dict[str, None] = {}
         _require_topic(store_for(settings), topic)
 
     def __repr__(self) -> str:
@@ -499,10 +502,24 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark has recorded the batch after ``end``: ``end``'s messages are done."""
         self._delete(end)
 
+    @staticmethod
+    def _mark(offset: dict[str, Any]) -> str:
+        """What identifies a batch whose messages were deleted: a digest of the offset's
+        whole content, its high key and every key it holds. (The high key and a count
+        would not do: a batch of stragglers below the high mark, as many as the batch
+        before, ends at the same mark, and its delete would be skipped.)"""
+        content = {"key": str(offset.get("key")), "keys": sorted(offset.get("keys") or [])}
+        return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
     def _delete(self, offset: dict[str, Any]) -> None:
+        """Delete ``offset``'s messages unless this process already did: Spark hands the
+        same offset to commit(end) and then to partitions(start, ...), and deleting it
+        twice could remove a message republished under the same key in between."""
         names = offset.get("keys") or []
-        mark = (str(offset.get("key")), len(names))
-        if not names or mark in self._deleted:
+        if not names:
+            return
+        mark = self._mark(offset)
+        if mark in self._deleted:
             return
         try:
             failed = store_for(self.settings).delete_many([_key(self.topic, n) for n in names])
