@@ -5,7 +5,9 @@ Servers start lazily: a test that asks for none of ``seaweedfs``, ``moto_s3``,
 
 Fixtures:
 
-* ``seaweedfs`` / ``moto_s3`` (session): one server each per test session.
+* ``seaweedfs`` / ``moto_s3`` (session): one server each per test session. SeaweedFS
+  checks signatures (an identities file: admin credentials for everything the fixtures
+  do, a read-only identity in ``server.readonly``); moto accepts any credentials.
 * ``s3_server`` (function): parametrized ``seaweedfs`` / ``moto``; a test using it (or
   ``bucket`` / ``s3_config``) runs once against each server.
 * ``real_s3`` (session): always SeaweedFS, for semantics moto lacks (conditional copy, ...).
