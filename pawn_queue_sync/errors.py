@@ -20,6 +20,9 @@ __all__ = [
     "ObjectNotFound",
     "ConditionFailed",
     "StoreUnavailable",
+    "StoreFull",
+    "CaseCollision",
+    "PlatformNotSupported",
     "ProbeError",
     "LeaseLostError",
     "LeaseConflictError",
@@ -95,6 +98,20 @@ class ConditionFailed(StorageError):
 
 class StoreUnavailable(StorageError):
     """The store could not be reached or refused our credentials."""
+
+
+class StoreFull(StorageError):
+    """The local store's disk (or the user's quota) is full: writes fail, while reads,
+    listings and deletes go on working, so acking what is held frees space."""
+
+
+class CaseCollision(StorageError):
+    """On a case-insensitive file system, a key names a directory that exists with
+    other letter case (topics ``Orders`` and ``orders`` would share one directory)."""
+
+
+class PlatformNotSupported(StorageError, ImportError):
+    """The local store needs POSIX file locks (``fcntl``): not available on Windows."""
 
 
 class ProbeError(StorageError):
