@@ -63,8 +63,9 @@ class Producer:
         """Publish many payloads concurrently; ids come back in input order.
 
         Every payload is encoded and checked before anything is written, so a bad
-        payload publishes nothing. If writes fail, PublishError says which, and its
-        ``published_ids`` lists the ids that were written.
+        payload publishes nothing. If writes fail, PublishError says how many; its
+        ``failed_indices`` lists the positions (0-based, input order) of the payloads
+        not published and ``published_ids`` the ids that were written, in input order.
         """
         self._ctx.require_topic(topic)
         items: Sequence[Any] = list(payloads)
@@ -79,23 +80,27 @@ class Producer:
         workers = threads or self._ctx.config.publishing.batch_threads
         pool = self._ctx.pool("publish", workers)
         futures = [pool.submit(self._write, topic, key, body) for key, body, _ in encoded]
+        # One pass sorts each message into published or failed, in input order: the
+        # report costs O(n) however many writes failed.
+        published: list[str] = []
         failed: list[int] = []
         first_error: BaseException | None = None
-        for index, fut in enumerate(futures):
+        for index, (fut, (_, _, mid)) in enumerate(zip(futures, encoded, strict=True)):
             exc = fut.exception()
-            if exc is not None:
+            if exc is None:
+                published.append(mid)
+            else:
                 failed.append(index)
                 first_error = first_error or exc
-        ids = [mid for _, _, mid in encoded]
         if failed:
             err = PublishError(
-                f"{len(failed)} of {len(ids)} messages to {topic!r} were not published "
+                f"{len(failed)} of {len(encoded)} messages to {topic!r} were not published "
                 f"(first error: {first_error})"
             )
             err.failed_indices = failed  # type: ignore[attr-defined]
-            err.published_ids = [m for i, m in enumerate(ids) if i not in set(failed)]  # type: ignore[attr-defined]
+            err.published_ids = published  # type: ignore[attr-defined]
             raise err
-        return ids
+        return published
 
     # -- internals -----------------------------------------------------------------------
 
