@@ -19,7 +19,10 @@ Threads of one :class:`Listener` (all joined before :meth:`Listener.run` returns
   DeleteObjects per batch instead of two DELETEs per message) and runs retries whose
   backoff has elapsed. A message waiting for its retry keeps its lease but no worker;
 * the **lease refresher** renews every held lease (running handlers, pending acks,
-  pending retries) so no message being worked on is redelivered.
+  pending retries), on up to ``polling.claim_threads`` threads, closest to expiry first,
+  so no message being worked on is redelivered and a retry's backoff never outlives its
+  lease; a message leaves it just before its ack, dead-letter, retry or release (a
+  refresh under way is waited for, so none lands after the lease was deleted).
 
 Stopping (:meth:`Listener.stop`, the ``stop_event``, or a signal when asked to install
 handlers) follows dramatiq's order: no new claims; unstarted messages are released at
@@ -73,10 +76,13 @@ ERROR_TEXT_LIMIT = 2000
 
 @attrs.define
 class ListenerStats:
-    """What a listener did. ``processed``: handler returned (message acked or settled
-    by the handler); ``failed``: handler raised and the message went back for a retry;
-    ``dead_lettered``: handler raised on the last allowed delivery; ``lost``: the lease
-    was taken over before the message could be settled (it will be redelivered)."""
+    """What a listener did, per message settled. ``processed``: the handler returned
+    and the message was acked (by us, or by the handler itself); ``failed``: the
+    handler raised and the message went back for a retry; ``dead_lettered``: the
+    handler raised on the last allowed delivery (or nacked the message itself);
+    ``lost``: not settled by us, so it will be redelivered: the lease was taken over,
+    or the ack was refused (LeaseLostError) or given up after store errors;
+    ``released``: given back unhandled (at stop), or released by the handler."""
 
     processed: int = 0
     failed: int = 0
@@ -601,16 +607,19 @@ class Listener:
             raise
         state = msg.state
         if state == "leased":
-            with self._cond:
-                self.stats.processed += 1
-            self._queue_ack(msg)
+            self._queue_ack(msg)  # counted processed once the ack has succeeded
             return True
         if state == "lost":
             self._count_lost(msg, "while its handler ran")
         else:  # the handler acked, nacked or released it itself
             self._refresher.untrack(msg)
             with self._cond:
-                self.stats.processed += 1
+                if state == "acked":
+                    self.stats.processed += 1
+                elif state == "nacked":
+                    self.stats.dead_lettered += 1
+                else:
+                    self.stats.released += 1
         return False
 
     def _on_failure(self, msg: Message, exc: Exception) -> bool:
@@ -643,6 +652,7 @@ class Listener:
         return False
 
     def _dead_letter(self, msg: Message, error: str) -> None:
+        self._refresher.untrack(msg)  # no refresh in flight while the lease is deleted
         try:
             self._consumer.nack(msg, reason=error)
         except LeaseLostError:
@@ -660,6 +670,7 @@ class Listener:
                     msg.delivery_count, error.splitlines()[0])
 
     def _retry(self, msg: Message, error: str) -> None:
+        self._refresher.untrack(msg)  # no refresh in flight while the lease is deleted
         if msg.state == "lost":  # taken over while waiting for its retry
             self._count_lost(msg, "while waiting for its retry")
             return
@@ -742,22 +753,29 @@ class Listener:
                 self._cond.wait(max(min(timeouts), 0.001) if timeouts else None)
 
     def _ack(self, msgs: list[Message], *, requeue: bool = True) -> None:
-        """Ack a batch; each message is finished unless kept for another attempt."""
+        """Ack a batch; each message is finished unless kept for another attempt.
+
+        The batch leaves the refresher first (a refresh under way is waited for): a
+        refresh landing after the ack deleted the lease would find it gone and turn
+        the acked message into a lost one. ``ack_many`` re-proves any lease too old
+        for its fence itself. Only a message the ack did delete counts as processed.
+        """
+        for msg in msgs:
+            self._refresher.untrack(msg)
         kept: list[Message] = []
         try:
             self._consumer.ack_many(msgs)
         except LeaseLostError as exc:
-            for msg in msgs:
-                if msg.state == "lost":
-                    self._count_lost(msg, "before its ack")
             log.warning("listener %s: %s", self._name, exc)
         except Exception as exc:
             with self._cond:
                 self.stats.ack_errors += 1
                 closing = self._settler_closing
                 if requeue and (not closing or self._ack_error_wait < 5.0):
-                    # keep them (leases renewed) and try again after a pause
+                    # keep them (leases renewed again) and try again after a pause
                     kept = [m for m in msgs if m.state == "leased"]
+                    for msg in kept:
+                        self._refresher.track(msg)
                     self._acks[:0] = kept
                     self._ack_retry_at = time.monotonic() + self._ack_error_wait
                     self._ack_error_wait = min(self._ack_error_wait * 2, 10.0)
@@ -771,6 +789,16 @@ class Listener:
             with self._cond:
                 self.stats.ack_batches += 1
         for msg in msgs:
-            if msg not in kept:
-                self._refresher.untrack(msg)
-                self._finish()
+            if msg in kept:
+                continue
+            if msg.state == "acked":
+                with self._cond:
+                    self.stats.processed += 1
+            elif msg.state == "lost":
+                self._count_lost(msg, "before its ack")
+            elif msg.state == "leased":  # refused (not provably ours) or given up
+                with self._cond:
+                    self.stats.lost += 1
+                log.warning("listener %s: %s/%s was not acked; its lease will expire and "
+                            "it will be redelivered", self._name, msg.topic, msg.id)
+            self._finish()

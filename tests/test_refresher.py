@@ -1,0 +1,347 @@
+"""The lease refresher under load, and the listener's accounting around it.
+
+In-memory store (fault injection and a per-request latency need its hooks): a hook
+records when each lease object is written and, once asked, makes every lease PUT take
+0.2 s, as refreshes take on a loaded store (or on a csprng server, which sleeps
+``2 x jitter_min`` per refresh). A lease can be judged stale once the server sees it
+older than the visibility timeout (plus a 1 s grace, at 1 s resolution), so every
+held lease must be written again within one visibility timeout of its last write:
+the tests count the gaps that were longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+from pawn_queue_sync import Message, PawnQueue, load_config
+from pawn_queue_sync.errors import StorageError
+from pawn_queue_sync.runtime import LeaseRefresher, Listener
+from pawn_queue_sync.runtime import listen as listen_module
+from pawn_queue_sync.storage.base import ConditionFailed
+from pawn_queue_sync.storage.memory import MemoryStore
+
+TOPIC = "jobs"
+#: Short leases: stale after 3 s, renewed every second (the fence trusts 1 s).
+POLLING = {
+    "interval_seconds": 0.5,
+    "visibility_timeout_seconds": 3,
+    "lease_refresh_interval_seconds": 1,
+    "max_delivery_count": 3,
+    "jitter_max_ms": 20,
+}
+#: How long one lease PUT takes once the store is slowed down.
+LATENCY_S = 0.2
+#: No test waits longer than this for anything: fail, never hang.
+DEADLINE = 90.0
+
+
+def memory_queue(hooks: Callable[[str, str], None] | None = None,
+                 **polling: Any) -> PawnQueue:
+    pq = PawnQueue(load_config({"polling": {**POLLING, **polling}}),
+                   store=MemoryStore(hooks=hooks)).setup()
+    pq.create_topic(TOPIC)
+    return pq
+
+
+def publish(pq: PawnQueue, n: int) -> list[str]:
+    return pq.register_producer("producer").publish_batch(TOPIC, [{"n": i} for i in range(n)])
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
+    thread = threading.Thread(target=fn, name="test-runner", daemon=True)
+    thread.start()
+    return thread
+
+
+def join(thread: threading.Thread) -> None:
+    thread.join(DEADLINE)
+    assert not thread.is_alive(), f"{thread.name} did not finish within {DEADLINE} s"
+
+
+class LeaseWrites:
+    """Store hook: records when each lease object is written (claims and refreshes);
+    once ``slow`` is set, every lease PUT first takes ``LATENCY_S``."""
+
+    def __init__(self) -> None:
+        self.slow = threading.Event()
+        self._lock = threading.Lock()
+        self._writes: dict[str, list[float]] = defaultdict(list)
+
+    def __call__(self, op: str, key: str) -> None:
+        if op == "put" and key.endswith(".lease"):
+            if self.slow.is_set():
+                time.sleep(LATENCY_S)  # simulated request latency
+            with self._lock:
+                self._writes[key].append(time.monotonic())
+
+    def count(self, key: str) -> int:
+        with self._lock:
+            return len(self._writes[key])
+
+    def overdue(self, keys: Iterable[str], limit: float) -> bool:
+        """Some lease was last written more than ``limit`` seconds ago."""
+        now = time.monotonic()
+        with self._lock:
+            return any(now - self._writes[k][-1] > limit for k in keys)
+
+    def late(self, keys: Iterable[str], limit: float, until: float) -> int:
+        """Gaps longer than ``limit`` between a lease's writes (or from its last write
+        to ``until``): each is a lease that could have been judged stale and taken."""
+        with self._lock:
+            late = 0
+            for k in keys:
+                times = [*self._writes[k], until]
+                late += sum(b - a > limit for a, b in zip(times, times[1:], strict=False))
+            return late
+
+
+def claim(pq: PawnQueue, n: int) -> tuple[Any, list[Message]]:
+    consumer = pq.register_consumer("c", [TOPIC])
+    msgs: list[Message] = []
+    while len(msgs) < n:
+        got = consumer.poll(n - len(msgs))
+        assert got, "the topic ran dry"
+        msgs += got
+    return consumer, msgs
+
+
+# -- 1. many leases on a slow store ------------------------------------------------------
+
+
+def test_120_held_leases_on_a_slow_store_are_each_renewed_before_they_could_go_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """120 leases, 0.2 s per refresh, renewed every second: one at a time that is a
+    24 s round, so most leases would go 3 s (the visibility timeout) unrenewed. On
+    ``claim_threads`` threads every lease is written again well within 3 s."""
+    writes = LeaseWrites()
+    pq = memory_queue(writes, claim_threads=48)
+    try:
+        publish(pq, 120)
+        consumer, msgs = claim(pq, 120)
+        keys = [m.lease_key for m in msgs]
+        writes.slow.set()
+        refresher = LeaseRefresher(consumer, interval=1.0)
+        for msg in msgs:
+            refresher.track(msg)
+        with refresher:
+            # until every lease was renewed twice, or one went a visibility timeout
+            # without a write (it could be taken: the old serial refresher does that)
+            wait_until(lambda: all(writes.count(k) >= 3 for k in keys)
+                       or writes.overdue(keys, 3.0), "two renewals of every lease")
+            end = time.monotonic()
+        assert writes.late(keys, 3.0, until=end) == 0
+        assert all(m.state == "leased" for m in msgs)
+        assert refresher.lost == 0 and refresher.errors == 0
+    finally:
+        pq.close()
+
+
+def test_a_refresher_that_falls_behind_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """30 leases renewed each second on 2 threads at 0.2 s a refresh (10 a second):
+    it cannot keep up, and it must say so rather than let leases expire silently."""
+    writes = LeaseWrites()
+    pq = memory_queue(writes, claim_threads=2)
+    try:
+        publish(pq, 30)
+        consumer, msgs = claim(pq, 30)
+        keys = [m.lease_key for m in msgs]
+        writes.slow.set()
+        refresher = LeaseRefresher(consumer, interval=1.0)
+        for msg in msgs:
+            refresher.track(msg)
+        with caplog.at_level(logging.WARNING, logger="pawn_queue_sync.runtime.refresher"):
+            with refresher:
+                wait_until(lambda: all(writes.count(k) >= 3 for k in keys),
+                           "two renewals of every lease")
+        behind = [r for r in caplog.records if "behind" in r.getMessage()]
+        assert behind, caplog.text
+        assert "claim_threads" in behind[0].getMessage()  # says what to change
+        assert refresher.late > 0
+    finally:
+        pq.close()
+
+
+# -- 2. a message waiting for its retry keeps its lease -----------------------------------
+
+
+def test_a_message_waiting_for_its_retry_among_150_held_is_dead_lettered_after_n_deliveries(
+) -> None:
+    """150 handled messages wait in the ack batch (held, renewed) while one message
+    fails and waits out a 6 s backoff, longer than its lease lives unrenewed (stale
+    after 4-5 s, and the listener's own polls reap stale leases). Its lease must be
+    renewed through the wait, so the attempt is recorded: deliveries 1, 2, 3, then
+    dead-letter, never a delivery repeating a count; nothing else is delivered twice."""
+    writes = LeaseWrites()
+    writes.slow.set()
+    # visibility 4 s: the fence trusts 2 s, so the acks at the end need no refresh
+    pq = memory_queue(writes, claim_threads=48, visibility_timeout_seconds=4,
+                      max_messages_per_poll=50)
+    try:
+        publish(pq, 150)
+        [failing] = publish(pq, 1)
+        lock = threading.Lock()
+        deliveries: dict[str, list[int]] = defaultdict(list)
+
+        def handler(msg: Message) -> None:
+            with lock:
+                deliveries[msg.id].append(msg.delivery_count)
+            if msg.id == failing:
+                raise RuntimeError("always fails")
+
+        def finished() -> bool:
+            with lock:
+                counts = list(deliveries[failing])
+            repeated = len(set(counts)) < len(counts)
+            return repeated or pq.topic_stats(TOPIC)["dead_letter"] == 1
+
+        listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=16,
+                            ack_batch_size=1000, ack_flush_interval=DEADLINE,
+                            retry_backoff=6.0, retry_backoff_max=6.0)
+        runner = run_in_thread(listener.run)
+        wait_until(finished, "the failing message to be dead-lettered")
+        listener.stop()
+        join(runner)
+        assert deliveries[failing] == [1, 2, 3]
+        assert len(deliveries) == 151
+        assert [mid for mid, counts in deliveries.items() if len(counts) > 1] == [failing]
+        s = listener.stats
+        assert (s.processed, s.failed, s.dead_lettered, s.lost) == (150, 2, 1, 0)
+        assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 1}
+    finally:
+        pq.close()
+
+
+# -- 3. processed counts acks that happened -----------------------------------------------
+
+
+def test_a_message_whose_ack_finds_its_lease_lost_is_counted_lost_not_processed() -> None:
+    """The handler returns, but the lease was taken meanwhile (the hook answers every
+    lease write as another consumer's lease would: 412) and the lease is past the
+    ack fence, so the ack must re-prove it and fails: nothing is deleted, and the
+    message is counted lost, never processed."""
+    taken = threading.Event()
+
+    def hooks(op: str, key: str) -> None:
+        if taken.is_set() and op == "put" and key.endswith(".lease"):
+            raise ConditionFailed("injected: another consumer's lease", key=key)
+
+    pq = memory_queue(hooks)
+    try:
+        publish(pq, 1)
+
+        def handler(msg: Message) -> None:
+            taken.set()
+            msg.lease_written_at -= 100.0  # as if the handler had run past the fence
+
+        listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=1,
+                            max_messages=1)
+        join(run_in_thread(listener.run))
+        assert (listener.stats.processed, listener.stats.lost) == (0, 1)
+        assert pq.topic_stats(TOPIC)["pending"] == 1  # not acked: it will be redelivered
+    finally:
+        pq.close()
+
+
+def test_a_message_whose_ack_never_succeeds_is_not_counted_processed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every DELETE of the message fails: the ack is retried, then given up at stop.
+    The message was never acked, so it is not processed (it will be redelivered)."""
+    monkeypatch.setattr(listen_module, "ACK_ERROR_WAIT_S", 2.5)  # one retry, then give up
+    ack_failed = threading.Event()
+
+    def hooks(op: str, key: str) -> None:
+        if op in ("delete", "delete_many") and "/messages/" in key:
+            ack_failed.set()
+            raise StorageError("injected: DELETE failed", key=key)
+
+    pq = memory_queue(hooks)
+    try:
+        publish(pq, 1)
+        listener = Listener(pq.register_consumer("c", [TOPIC]), lambda m: None,
+                            max_workers=1, max_messages=1)
+        runner = run_in_thread(listener.run)
+        assert ack_failed.wait(DEADLINE)
+        listener.stop()
+        join(runner)
+        assert listener.stats.ack_errors >= 2
+        assert (listener.stats.processed, listener.stats.lost) == (0, 1)
+        assert pq.topic_stats(TOPIC)["pending"] == 1
+    finally:
+        pq.close()
+
+
+# -- 4. an ack never races a refresh -------------------------------------------------------
+
+
+def test_a_refresh_in_flight_when_the_ack_comes_does_not_turn_the_ack_into_a_loss() -> None:
+    """The handler returns while a refresh of its lease is in flight (held in the
+    store hook until the lease is deleted, or 2 s). The ack must not delete the lease
+    under that refresh: the message ends acked, never "lost", and nothing counts a
+    loss. Visibility 5 s: the fence trusts a lease for 3 s, so the ack deletes without
+    asking the server (which would wait for the refresh)."""
+    armed = threading.Event()
+    refresh_in_flight = threading.Event()
+    lease_deleted = threading.Event()
+    lease_key: list[str] = []
+
+    def hooks(op: str, key: str) -> None:
+        if armed.is_set() and op == "put" and lease_key and key == lease_key[0]:
+            armed.clear()
+            refresh_in_flight.set()
+            lease_deleted.wait(2.0)  # bounded: a correct ack waits for this refresh
+
+    pq = memory_queue(hooks, visibility_timeout_seconds=5)
+    store = pq.store
+    delete, delete_many = store.delete, store.delete_many
+
+    def tracking_delete(key: str, **kw: Any) -> None:
+        delete(key, **kw)
+        if lease_key and key == lease_key[0]:
+            lease_deleted.set()
+
+    def tracking_delete_many(keys: Any) -> list[str]:
+        keys = list(keys)
+        failed = delete_many(keys)
+        if lease_key and lease_key[0] in keys:
+            lease_deleted.set()
+        return failed
+
+    store.delete = tracking_delete  # type: ignore[method-assign]
+    store.delete_many = tracking_delete_many  # type: ignore[method-assign]
+    try:
+        publish(pq, 1)
+        handled: list[Message] = []
+
+        def handler(msg: Message) -> None:
+            handled.append(msg)
+            lease_key.append(msg.lease_key)
+            armed.set()
+            assert refresh_in_flight.wait(DEADLINE)  # the refresher is mid-request
+
+        listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=1,
+                            max_messages=1)
+        join(run_in_thread(listener.run))
+        [msg] = handled
+        assert msg.state == "acked"
+        assert listener.refresher.lost == 0
+        s = listener.stats
+        assert (s.processed, s.lost) == (1, 0)
+        assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}
+    finally:
+        pq.close()
