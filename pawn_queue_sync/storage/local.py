@@ -141,8 +141,21 @@ _TEMP_RE = re.compile(r"(?P<host>[0-9a-f]{12})-(?P<pid>[0-9]{1,10})-[0-9a-f]{32}
 _CHUNK = 1 << 20
 
 
+#: Control characters (NUL included): no key has them.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+#: What makes a file name unusable as a key component: a control character, or a lone
+#: surrogate (how Python decodes a name that is not valid UTF-8).
+_UNUSABLE_NAME_RE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+#: The first characters of every litter name (to skip the rest quickly).
+_LITTER_INITIALS = frozenset(
+    ch for name in OS_LITTER_FILES | OS_LITTER_DIRS | {"."} for ch in (name[0], name[0].upper())
+)
+
+
 def is_os_litter(name: str, *, is_dir: bool) -> bool:
     """Whether a file (or directory) name is one operating systems leave behind."""
+    if not name or name[0] not in _LITTER_INITIALS:
+        return False  # most names: listings call this for every entry
     if is_dir:
         return name.casefold() in OS_LITTER_DIRS
     return name.casefold() in OS_LITTER_FILES or _OS_LITTER_FILE_RE.fullmatch(name) is not None
@@ -169,7 +182,7 @@ def validate_key(key: object) -> str:
         raise StorageError(f"key must be a string, not {type(key).__name__}")
     if not key:
         raise StorageError("key must not be empty", key=key)
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+    if _has_control_chars(key):
         raise StorageError("key must not contain control characters", key=key)
     try:
         encoded = key.encode("utf-8")
@@ -569,7 +582,7 @@ class LocalStore:
         prefix names, and with delimiter ``"/"`` does not descend below it."""
         if not isinstance(prefix, str):
             raise StorageError(f"prefix must be a string, not {type(prefix).__name__}")
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
+        if _has_control_chars(prefix):
             raise StorageError("prefix must not contain control characters", key=prefix)
         with self._translate("list", prefix):
             keys = self._iter_keys(prefix, collapse_dirs=delimiter == "/")
@@ -857,13 +870,12 @@ class LocalStore:
         """Regular files and directories in ``directory`` ordered so that a depth-first
         walk yields keys in byte order: a directory sorts as ``name + "/"``."""
         found: list[tuple[str, bool]] = []
+        unusable = _UNUSABLE_NAME_RE.search  # this loop runs for every entry
         try:
             with os.scandir(directory) as entries:
                 for entry in entries:
                     name = entry.name
-                    if at_root and name.casefold() == PRIVATE_DIR:
-                        continue
-                    if not _is_utf8(name) or _has_control_chars(name):
+                    if unusable(name) is not None:
                         continue  # written by another tool; cannot be a key
                     if entry.is_dir(follow_symlinks=False):
                         is_dir = True
@@ -871,8 +883,12 @@ class LocalStore:
                         is_dir = False
                     else:
                         continue  # a symlink, socket, ...: not an object
-                    if not is_os_litter(name, is_dir=is_dir):
-                        found.append((name, is_dir))
+                    if name[0] in _LITTER_INITIALS and (
+                        is_os_litter(name, is_dir=is_dir)
+                        or (at_root and name.casefold() == PRIVATE_DIR)
+                    ):
+                        continue
+                    found.append((name, is_dir))
         except (FileNotFoundError, NotADirectoryError):
             return []
         found.sort(key=lambda e: e[0] + "/" if e[1] else e[0])
@@ -887,13 +903,4 @@ def _unlink_quietly(path: Path) -> None:
 
 def _has_control_chars(text: str) -> bool:
     """Whether ``text`` has a control character (NUL included), which no key has."""
-    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
-
-
-def _is_utf8(name: str) -> bool:
-    """Whether a file name decoded from disk is valid UTF-8 (no surrogate escapes)."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return _CONTROL_RE.search(text) is not None
