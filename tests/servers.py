@@ -584,7 +584,8 @@ class RacyProxy:
     signatures), so both succeed. A lone conditional request keeps its headers.
 
     ``requests`` lists ``(method, path)`` of every request received; ``stripped``
-    counts requests whose conditions were dropped.
+    counts requests whose conditions were dropped; ``overlapped`` counts requests that
+    arrived while another one on the same key was in flight (honest or not).
     """
 
     def __init__(
@@ -610,6 +611,7 @@ class RacyProxy:
         self._in_flight: dict[str, int] = {}
         self.requests: list[tuple[str, str]] = []
         self.stripped = 0
+        self.overlapped = 0
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -664,6 +666,8 @@ class RacyProxy:
         """Register a request on ``key``; True when its conditions are to be dropped."""
         with self._cond:
             self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            if self._in_flight[key] >= 2:
+                self.overlapped += 1
             self._cond.notify_all()
             if not (conditional and self.strip_overlapping):
                 return False

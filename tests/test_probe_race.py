@@ -82,6 +82,7 @@ def test_an_honest_server_passes_the_racing_probe(
     # the probe raced: every round's creates and updates went out, and nothing stays
     assert honest.count(probe_path(real_bucket), "PUT") >= RACE_PUTS
     assert honest.stripped == 0
+    assert honest.overlapped >= 1  # the requests of a race really were in flight together
     assert probe_objects(real_s3, real_bucket) == []
 
 
