@@ -52,6 +52,7 @@ __all__ = [
     "Strategy",
     "dump_env_docs",
     "load_config",
+    "redact_endpoint",
 ]
 
 Strategy = Literal["auto", "conditional_write", "csprng_verify"]
@@ -219,6 +220,21 @@ def _mask_repr(value: object) -> str:
     return "None" if value is None else repr(_MASK)
 
 
+#: the userinfo of URLs in a text: ``//user:password@`` up to the host
+_USERINFO = re.compile(r"(?<=//)[^/?#\s]*@")
+
+
+def redact_endpoint(text: str) -> str:
+    """``http://user:password@host:9000/x`` -> ``http://***@host:9000/x``: an endpoint
+    (or a text quoting one) fit to show. The one place credentials inside an endpoint
+    URL are masked: reprs, ``describe()``, log lines and error messages all use it."""
+    return _USERINFO.sub(_MASK + "@", text)
+
+
+def _endpoint_repr(value: str | None) -> str:
+    return repr(value if value is None else redact_endpoint(value))
+
+
 # --------------------------------------------------------------------------- field helpers
 
 
@@ -281,6 +297,7 @@ class S3Config:
     endpoint_url: str | None = attrs.field(
         default=None,
         validator=_optional(_endpoint),
+        repr=_endpoint_repr,
         metadata={"kind": "str", "doc": "Endpoint URL; unset means AWS's default endpoint."},
     )
     bucket_name: str = attrs.field(
@@ -474,7 +491,8 @@ class PawnQueueConfig:
         return attrs.asdict(self, recurse=True)
 
     def redacted_dict(self) -> dict[str, Any]:
-        """Like :meth:`to_dict`, with every set secret replaced by ``'***'``."""
+        """Like :meth:`to_dict`, with every set secret replaced by ``'***'`` (and the
+        userinfo of the endpoint URL too)."""
         data = self.to_dict()
         for path in SECRET_FIELDS:
             *parents, leaf = path.split(".")
@@ -483,6 +501,8 @@ class PawnQueueConfig:
                 node = node.get(key) if isinstance(node, dict) else None
             if isinstance(node, dict) and node.get(leaf) is not None:
                 node[leaf] = _MASK
+        if data.get("s3") and data["s3"].get("endpoint_url"):
+            data["s3"]["endpoint_url"] = redact_endpoint(data["s3"]["endpoint_url"])
         return data
 
 

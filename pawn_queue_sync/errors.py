@@ -20,6 +20,8 @@ __all__ = [
     "ObjectNotFound",
     "ConditionFailed",
     "StoreUnavailable",
+    "StoreClosed",
+    "DeadlineExceeded",
     "StoreFull",
     "CaseCollision",
     "PlatformNotSupported",
@@ -112,6 +114,16 @@ class CaseCollision(StorageError):
 
 class PlatformNotSupported(StorageError, ImportError):
     """The local store needs POSIX file locks (``fcntl``): not available on Windows."""
+
+
+class StoreClosed(StorageError, NotStartedError):
+    """The store was used after ``close()``: it opens no connection again. (Also a
+    :class:`NotStartedError`: the same mistake as using a queue after teardown.)"""
+
+
+class DeadlineExceeded(StorageError):
+    """A request's deadline passed before it got an answer: no attempt was sent after
+    the deadline, but one sent before it may still have been applied by the server."""
 
 
 class ProbeError(StorageError):

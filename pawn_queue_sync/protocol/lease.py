@@ -97,9 +97,15 @@ class LeaseBody:
         return md5_hex(self.encode())
 
 
-def is_stale(last_modified: datetime, server_now: datetime, visibility: float) -> bool:
+def is_stale(
+    last_modified: datetime | None, server_now: datetime | None, visibility: float
+) -> bool:
     """True when a lease last written at ``last_modified`` has expired by the server's
-    clock ``server_now``; a lease is never stale under its visibility timeout."""
+    clock ``server_now``; a lease is never stale under its visibility timeout, nor
+    when the server did not give either time (None: it cannot be judged, so it is live;
+    no client clock stands in for the server's)."""
+    if last_modified is None or server_now is None:
+        return False
     age = (server_now - last_modified).total_seconds()
     return age > visibility + STALE_GRACE_SECONDS
 

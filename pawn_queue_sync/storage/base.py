@@ -9,9 +9,22 @@ Three stores implement it: :class:`~pawn_queue_sync.storage.s3.S3Store` (boto3),
 * :class:`ConditionFailed` -- If-None-Match / If-Match did not hold (including an
   If-Match on a missing key, whatever status the server used for it);
 * :class:`StoreUnavailable` -- unreachable endpoint, bad credentials, missing bucket;
+* :class:`DeadlineExceeded` -- a write or delete given a ``deadline`` could not finish
+  by then (no attempt is sent after it);
+* :class:`StoreClosed` -- the store was used after ``close()`` (S3Store);
 * :class:`StorageError` -- anything else.
 
-ETags are normalised: no quotes, lower case. Times are timezone-aware UTC.
+ETags are normalised: no quotes, lower case. Times are timezone-aware UTC, and always
+the *server's*: a store never stands in its client's clock for a time the server did
+not give. ``last_modified`` and ``server_time`` are None when the server did not say
+(no LastModified, no Date header); a caller judging leases must then treat them as
+live (:func:`~pawn_queue_sync.protocol.lease.is_stale` does).
+
+Deadlines: ``put``, ``delete`` and ``delete_many`` take ``deadline``, a
+:func:`time.monotonic` instant (the memory store: its clock's ``monotonic()``). No
+attempt (retries included) is sent after it, each attempt's read timeout is capped by
+the time left, and once it has passed the call raises :class:`DeadlineExceeded`. An
+attempt sent before the deadline may still be applied by the server after it.
 """
 
 from __future__ import annotations
@@ -22,7 +35,14 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from ..errors import ConditionFailed, ObjectNotFound, StorageError, StoreUnavailable
+from ..errors import (
+    ConditionFailed,
+    DeadlineExceeded,
+    ObjectNotFound,
+    StorageError,
+    StoreClosed,
+    StoreUnavailable,
+)
 
 __all__ = [
     "ObjectInfo",
@@ -35,7 +55,10 @@ __all__ = [
     "ConditionFailed",
     "StorageError",
     "StoreUnavailable",
+    "StoreClosed",
+    "DeadlineExceeded",
     "DELETE_BATCH",
+    "time_left",
 ]
 
 #: Most keys one DeleteObjects request may carry (SeaweedFS rejects 1,001).
@@ -47,24 +70,37 @@ def normalize_etag(etag: str | None) -> str:
     return (etag or "").strip().strip('"').lower()
 
 
+def time_left(deadline: float | None, now: float, op: str, key: str | None = None) -> float:
+    """Seconds from ``now`` to ``deadline`` (infinite without one); raises
+    DeadlineExceeded when none are left, so nothing is sent past a deadline."""
+    if deadline is None:
+        return float("inf")
+    left = deadline - now
+    if left <= 0:
+        raise DeadlineExceeded(f"{op}: the deadline passed before it could be sent", key=key)
+    return left
+
+
 @attrs.frozen
 class ObjectInfo:
-    """Metadata of one object, as a listing or a HEAD reports it."""
+    """Metadata of one object, as a listing or a HEAD reports it; ``last_modified`` is
+    None when the server did not give it (never judge a lease's age from that)."""
 
     key: str
     etag: str
     size: int
-    last_modified: datetime
+    last_modified: datetime | None
 
 
 @attrs.frozen
 class GetResult:
-    """An object's body and metadata, and the server's clock when it answered."""
+    """An object's body and metadata, and the server's clock when it answered (None
+    for what the server did not say)."""
 
     key: str
     body: bytes
     etag: str
-    last_modified: datetime
+    last_modified: datetime | None
     server_time: datetime | None = None
 
 
@@ -82,7 +118,8 @@ class Listing:
     """Objects under a prefix and (with a delimiter) the common prefixes, in the order
     the server returned them: byte order of keys for flat names under the prefix (all
     the queue relies on); SeaweedFS orders nested keys by directory instead.
-    ``server_time`` is the HTTP Date of the last page."""
+    ``server_time`` is the HTTP Date of the last page; None when the server sent none
+    (then no lease in it can be judged stale)."""
 
     objects: list[ObjectInfo]
     prefixes: list[str] = attrs.field(factory=list)
@@ -101,9 +138,11 @@ class Store(Protocol):
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
+        deadline: float | None = None,
     ) -> PutResult:
         """Write ``body``. ``if_none_match`` creates only; ``if_match`` replaces only
-        the version with that ETag. Raises ConditionFailed otherwise."""
+        the version with that ETag. Raises ConditionFailed otherwise (and
+        DeadlineExceeded: see the module docstring)."""
 
     def get(self, key: str) -> GetResult:
         """Read a whole object. Raises ObjectNotFound."""
@@ -111,11 +150,16 @@ class Store(Protocol):
     def head(self, key: str) -> ObjectInfo:
         """Read an object's metadata. Raises ObjectNotFound."""
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it."""
+    def delete(
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it.
+        With ``deadline``, nothing is sent after it (DeadlineExceeded)."""
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete unconditionally in batches; returns the keys that could not be deleted."""
+    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
+        """Delete unconditionally in batches; returns the keys that could not be deleted.
+        With ``deadline``, no batch is sent after it (DeadlineExceeded; the batches
+        before it may have been deleted)."""
 
     def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:
         """Server-side copy. Raises ObjectNotFound for a missing source, and
@@ -135,11 +179,12 @@ class Store(Protocol):
         ``limit`` objects -- common prefixes do not count towards it -- with
         ``truncated`` saying whether more remain."""
 
-    def server_time(self) -> datetime:
-        """The store's current time (S3: the Date header of a cheap request)."""
+    def server_time(self) -> datetime | None:
+        """The store's current time (S3: the Date header of a cheap request); None when
+        the server did not say: never the client's clock."""
 
     def close(self) -> None:
-        """Release connections. Idempotent."""
+        """Release connections. Idempotent. An S3Store used after it raises StoreClosed."""
 
     def describe(self) -> str:
         """A one-line, secret-free description for logs and the CLI."""

@@ -62,6 +62,7 @@ import attrs
 from ..errors import CaseCollision, PlatformNotSupported, StoreFull
 from .base import (
     ConditionFailed,
+    DeadlineExceeded,
     GetResult,
     Listing,
     ObjectInfo,
@@ -69,6 +70,7 @@ from .base import (
     PutResult,
     StorageError,
     normalize_etag,
+    time_left,
 )
 
 fcntl: ModuleType | None
@@ -480,9 +482,11 @@ class LocalStore:
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
+        deadline: float | None = None,
     ) -> PutResult:
         """Write ``body`` atomically; create-only with ``if_none_match``, replace-only
-        the version with ETag ``if_match``. Raises ConditionFailed otherwise."""
+        the version with ETag ``if_match``. Raises ConditionFailed otherwise, and
+        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came."""
         path = self._path(key)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise StorageError(f"body must be bytes, not {type(body).__name__}", key=key)
@@ -493,6 +497,7 @@ class LocalStore:
             tmp: Path | None = self._write_temp_making_room(data)
             try:
                 with self._locked(key):
+                    time_left(deadline, time.monotonic(), "put", key)
                     self._ensure_dir(path.parent, key)
                     self._refuse_case_collision(key)  # a directory made meanwhile
                     if if_match is not None and self._current_etag(path) != normalize_etag(
@@ -536,10 +541,14 @@ class LocalStore:
             raise ObjectNotFound("no such key", key=key)
         return info
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it."""
+    def delete(
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it;
+        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came."""
         path = self._path(key)
         with self._translate("delete", key), self._locked(key):
+            time_left(deadline, time.monotonic(), "delete", key)
             if self._case_clash(key):  # no such object: another key's directory
                 if if_match is not None:
                     raise ConditionFailed("If-Match did not hold", key=key)
@@ -552,12 +561,15 @@ class LocalStore:
                 return  # no such object (a directory is not an object)
             self._sync_dir(path.parent)
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete each key unconditionally; returns the keys that could not be deleted."""
+    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
+        """Delete each key unconditionally; returns the keys that could not be deleted.
+        Past ``deadline`` (monotonic), raises DeadlineExceeded (earlier keys are gone)."""
         failed: list[str] = []
         for key in keys:
             try:
-                self.delete(key)
+                self.delete(key, deadline=deadline)
+            except DeadlineExceeded:
+                raise
             except StorageError as exc:
                 log.warning("delete_many: could not delete %r: %s", key, exc)
                 failed.append(key)

@@ -34,6 +34,7 @@ from .base import (
     PutResult,
     StorageError,
     normalize_etag,
+    time_left,
 )
 from .local import build_listing
 
@@ -80,13 +81,16 @@ class MemoryStore:
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
+        deadline: float | None = None,
     ) -> PutResult:
         """Write ``body``; create-only with ``if_none_match``, replace-only the version
-        with ETag ``if_match``. Raises ConditionFailed otherwise."""
+        with ETag ``if_match``. Raises ConditionFailed otherwise, and DeadlineExceeded
+        past ``deadline`` (on the injected clock's ``monotonic()``)."""
         self._check_key(key)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise StorageError(f"body must be bytes, not {type(body).__name__}", key=key)
         self._before("put", key)
+        time_left(deadline, self._clock.monotonic(), "put", key)
         data = bytes(body)
         etag = hashlib.md5(data).hexdigest()
         with self._lock:
@@ -129,10 +133,14 @@ class MemoryStore:
             key=key, etag=obj.etag, size=len(obj.body), last_modified=obj.last_modified
         )
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it."""
+    def delete(
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+    ) -> None:
+        """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it;
+        DeadlineExceeded past ``deadline`` (on the injected clock's ``monotonic()``)."""
         self._check_key(key)
         self._before("delete", key)
+        time_left(deadline, self._clock.monotonic(), "delete", key)
         self._delete(key, if_match)
 
     def _delete(self, key: str, if_match: str | None) -> None:
@@ -145,8 +153,9 @@ class MemoryStore:
                 raise ConditionFailed("If-Match did not hold", key=key)
             self._objects.pop(key, None)
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete each key unconditionally; returns the keys the hook made fail."""
+    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
+        """Delete each key unconditionally; returns the keys the hook made fail.
+        DeadlineExceeded past ``deadline`` (the keys before it are deleted)."""
         failed: list[str] = []
         for key in keys:
             try:
@@ -155,6 +164,7 @@ class MemoryStore:
             except StorageError:
                 failed.append(key)
                 continue
+            time_left(deadline, self._clock.monotonic(), "delete_many", key)
             self._delete(key, None)
         return failed
 

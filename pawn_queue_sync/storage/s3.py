@@ -6,7 +6,11 @@ seen returning other requests' bodies). Threads of one process share the client;
 clients are thread-safe. The hot requests take the fast path of :mod:`.s3_wire` where
 it applies (``s3.fast_path``), built and rebuilt with the client. Every error is
 translated here into the library's :class:`~pawn_queue_sync.errors.StorageError`
-family, without credentials.
+family, without credentials (nor the ``user:password@`` an endpoint URL may carry).
+
+A closed store stays closed (:class:`~pawn_queue_sync.errors.StoreClosed`). Locks a
+thread of the parent held at a fork are replaced in the child (``os.register_at_fork``),
+which then builds its own client on first use.
 """
 
 from __future__ import annotations
@@ -14,15 +18,33 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+import weakref
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConditionFailed, ObjectNotFound, StorageError, StoreUnavailable
+from ..config import redact_endpoint
+from ..errors import (
+    ConditionFailed,
+    DeadlineExceeded,
+    ObjectNotFound,
+    StorageError,
+    StoreClosed,
+    StoreUnavailable,
+)
 from . import s3_wire
-from .base import DELETE_BATCH, GetResult, Listing, ObjectInfo, PutResult, normalize_etag
-from .s3_wire import Answer, WireClient, WireUnavailable
+from .base import (
+    DELETE_BATCH,
+    GetResult,
+    Listing,
+    ObjectInfo,
+    PutResult,
+    normalize_etag,
+    time_left,
+)
+from .s3_wire import Answer, WireClient, WireDeadline, WireUnavailable
 
 if TYPE_CHECKING:
     from ..config import S3Config
@@ -56,10 +78,14 @@ class S3Store:
         self._config = config
         self._bucket = config.bucket_name
         self._pool = config.max_pool_connections or max_pool_connections or 32
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # replaced in a forked child (_after_fork_in_child)
         self._client_obj: Any = None
         self._wire_obj: WireClient | None = None
         self._client_pid: int | None = None
+        self._closed = False
+        # (deadline, op, key) of this thread's boto3 call, for the client's event hooks
+        self._bounds = threading.local()
+        _STORES.add(self)
 
     # -- process-local client ------------------------------------------------------
 
@@ -73,7 +99,7 @@ class S3Store:
         return f"S3Store({self.describe()})"
 
     def describe(self) -> str:
-        endpoint = self._config.endpoint_url or "aws"
+        endpoint = redact_endpoint(self._config.endpoint_url or "aws")
         return f"s3:{endpoint}/{self._bucket}"
 
     @property
@@ -81,12 +107,15 @@ class S3Store:
         return self._bucket
 
     def _client(self) -> Any:
-        """This process's boto3 client; built on first use and again after a fork."""
+        """This process's boto3 client; built on first use and again after a fork, never
+        after ``close()`` (StoreClosed)."""
         pid = os.getpid()
         client = self._client_obj
         if client is not None and self._client_pid == pid:
             return client
         with self._lock:
+            if self._closed:
+                raise StoreClosed(f"{self.describe()} is closed")
             if self._client_obj is None or self._client_pid != pid:
                 client, core = self._build_client()
                 self._wire_obj = self._build_wire(client, core)
@@ -144,6 +173,9 @@ class S3Store:
         from botocore.handlers import add_expect_header
 
         client.meta.events.unregister("before-call.s3", add_expect_header)
+        # deadlines of boto3 calls (see _call): checked before every attempt and retry
+        client.meta.events.register_first("before-send.s3", self._before_send)
+        client.meta.events.register_first("needs-retry.s3", self._before_retry)
         return client, core
 
     def _build_wire(self, client: Any, core: Any) -> WireClient | None:
@@ -184,7 +216,9 @@ class S3Store:
         )
 
     def close(self) -> None:
+        """Release the connections; the store is unusable afterwards (StoreClosed)."""
         with self._lock:
+            self._closed = True
             client, self._client_obj = self._client_obj, None
             wire, self._wire_obj = self._wire_obj, None
             pid, self._client_pid = self._client_pid, None
@@ -198,12 +232,21 @@ class S3Store:
 
     # -- error translation -----------------------------------------------------------
 
-    def _call(self, op: str, key: str | None, conditional: bool = False, **kwargs: Any) -> Any:
-        """Run one client operation, translating every failure into a StorageError."""
+    def _call(
+        self, op: str, key: str | None, conditional: bool = False, *,
+        deadline: float | None = None, **kwargs: Any,
+    ) -> Any:
+        """Run one client operation, translating every failure into a StorageError;
+        with a ``deadline`` (monotonic), bounded as :meth:`_before_send` and
+        :meth:`_before_retry` say."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+        if deadline is not None:
+            time_left(deadline, time.monotonic(), op, key)
+        client = self._client()
+        self._bounds.current = None if deadline is None else (deadline, op, key)
         try:
-            return getattr(self._client(), op)(Bucket=self._bucket, **kwargs)
+            return getattr(client, op)(Bucket=self._bucket, **kwargs)
         except ClientError as exc:
             raise self._translate(op, key, conditional, exc) from None
         except NoCredentialsError:
@@ -212,6 +255,10 @@ class S3Store:
                 "PAWNQUEUE_S3_ACCESS_KEY/PAWNQUEUE_S3_SECRET_KEY, or AWS credentials"
             ) from None
         except BotoCoreError as exc:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceeded(
+                    f"{op}: no answer by the deadline ({type(exc).__name__})", key=key
+                ) from None
             raise StoreUnavailable(
                 f"{op} failed: {type(exc).__name__}: {self._redact(str(exc))}", key=key
             ) from None
@@ -219,6 +266,47 @@ class S3Store:
             raise
         except Exception as exc:  # e.g. urllib3 errors surfacing unwrapped
             raise StorageError(f"{op} failed: {type(exc).__name__}", key=key) from None
+        finally:
+            self._bounds.current = None
+
+    def _before_send(self, request: Any, **_: Any) -> None:
+        """botocore's ``before-send`` of a call with a deadline: no attempt after it
+        (DeadlineExceeded), and this attempt waits for its answer only until then."""
+        bound = getattr(self._bounds, "current", None)
+        if bound is None:
+            return
+        deadline, op, key = bound
+        left = time_left(deadline, time.monotonic(), op, key)
+        context = getattr(request, "context", None)
+        if isinstance(context, dict):  # botocore's per-request read timeout
+            context["read_timeout"] = min(self._config.read_timeout_seconds, left)
+
+    def _before_retry(
+        self, attempts: int, response: Any = None, caught_exception: Any = None, **_: Any
+    ) -> float | None:
+        """botocore's ``needs-retry`` of a call with a deadline: the standard mode's
+        decision and backoff, except that a retry whose backoff would end past the
+        deadline is not made (DeadlineExceeded at once). None: botocore decides."""
+        bound = getattr(self._bounds, "current", None)
+        if bound is None or attempts >= self._config.max_attempts:
+            return None
+        from botocore.exceptions import BotoCoreError
+
+        if caught_exception is not None:
+            retry = isinstance(caught_exception, BotoCoreError)  # no answer: transport
+        else:
+            http, parsed = response
+            error = parsed.get("Error", {}) if isinstance(parsed, dict) else {}
+            retry = s3_wire.retryable(int(http.status_code), code=str(error.get("Code", "")))
+        if not retry:
+            return None
+        deadline, op, key = bound
+        delay = s3_wire.backoff(attempts)
+        if time.monotonic() + delay >= deadline:
+            raise DeadlineExceeded(
+                f"{op}: the deadline comes before attempt {attempts + 1}", key=key
+            )
+        return delay
 
     def _translate(self, op: str, key: str | None, conditional: bool, exc: Any) -> StorageError:
         err = exc.response.get("Error", {})
@@ -251,6 +339,8 @@ class S3Store:
         """One fast-path request; an error answer or no answer becomes a StorageError."""
         try:
             answer: Answer = request(*args)
+        except WireDeadline as exc:
+            raise DeadlineExceeded(f"{op}: {self._redact(str(exc))}", key=key) from None
         except WireUnavailable as exc:
             raise StoreUnavailable(f"{op} failed: {self._redact(str(exc))}", key=key) from None
         except StorageError:
@@ -265,7 +355,8 @@ class S3Store:
     def _redact(self, text: str) -> str:
         """Mask the credentials, also in the escaped and trimmed forms error texts quote
         them in (botocore shows a bad header as bytes: a key read from a file with its
-        newline appears as ``KEY\\n`` in the message)."""
+        newline appears as ``KEY\\n`` in the message), and the userinfo of URLs."""
+        text = redact_endpoint(text)
         for secret in (self._config.aws_access_key_id, self._config.aws_secret_access_key):
             if not secret:
                 continue
@@ -282,6 +373,7 @@ class S3Store:
 
     @staticmethod
     def _server_time(resp: dict[str, Any]) -> datetime | None:
+        """The Date of a boto3 answer; None without one (never the local time)."""
         return _http_date(resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date"))
 
     # -- the protocol ---------------------------------------------------------------
@@ -293,6 +385,7 @@ class S3Store:
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
+        deadline: float | None = None,
     ) -> PutResult:
         conditional = if_none_match or if_match is not None
         wire = self._wire()
@@ -302,7 +395,9 @@ class S3Store:
                 headers["if-none-match"] = "*"
             if if_match is not None:
                 headers["if-match"] = f'"{if_match}"'
-            answer = self._send("put_object", key, conditional, wire.put, key, body, headers)
+            answer = self._send(
+                "put_object", key, conditional, wire.put, key, body, headers, deadline
+            )
             return PutResult(
                 key, normalize_etag(answer.headers.get("etag")),
                 _http_date(answer.headers.get("date")),
@@ -312,7 +407,7 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
-        resp = self._call("put_object", key, conditional, **kwargs)
+        resp = self._call("put_object", key, conditional, deadline=deadline, **kwargs)
         return PutResult(key, normalize_etag(resp.get("ETag")), self._server_time(resp))
 
     def get(self, key: str) -> GetResult:
@@ -359,30 +454,37 @@ class S3Store:
             last_modified=_utc(resp.get("LastModified")),
         )
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
+    def delete(
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+    ) -> None:
         wire = self._wire()
         if wire is not None:
             headers = {} if if_match is None else {"if-match": f'"{if_match}"'}
-            self._send("delete_object", key, if_match is not None, wire.delete, key, headers)
+            self._send(
+                "delete_object", key, if_match is not None, wire.delete, key, headers, deadline
+            )
             return
         kwargs: dict[str, Any] = {"Key": key}
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
-        self._call("delete_object", key, if_match is not None, **kwargs)
+        self._call("delete_object", key, if_match is not None, deadline=deadline, **kwargs)
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
+    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
         keys = list(dict.fromkeys(keys))
         failed: list[str] = []
         wire = self._wire()
         for i in range(0, len(keys), DELETE_BATCH):
             chunk = keys[i : i + DELETE_BATCH]
             if wire is not None:
-                answer = self._send("delete_objects", None, False, wire.delete_objects, chunk)
+                answer = self._send(
+                    "delete_objects", None, False, wire.delete_objects, chunk, deadline
+                )
                 errors = self._parsed("delete_objects", s3_wire.delete_errors, answer.body)
             else:
                 resp = self._call(
                     "delete_objects",
                     None,
+                    deadline=deadline,
                     Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
                 )
                 errors = [(e.get("Key", ""), e.get("Code", "")) for e in resp.get("Errors", [])]
@@ -465,7 +567,7 @@ class S3Store:
             page = self._parsed("list_objects_v2", s3_wire.list_page, answer.body)
             stamps: dict[str, datetime] = {}  # keys written in one second share a stamp
             rows = [
-                (k, e, s, (stamps.get(m) or stamps.setdefault(m, _parse_timestamp(m)))
+                (k, e, s, (stamps.get(m) or stamps.setdefault(m, _listed_time(k, m)))
                  if m else None)
                 for k, e, s, m in page.rows
             ]
@@ -481,7 +583,8 @@ class S3Store:
             kwargs["StartAfter"] = start_after
         resp = self._call("list_objects_v2", prefix, **kwargs)
         rows = [
-            (item["Key"], item.get("ETag", ""), int(item.get("Size", 0)), item.get("LastModified"))
+            (item["Key"], item.get("ETag", ""), int(item.get("Size", 0)),
+             _listed_time(item["Key"], item.get("LastModified")))
             for item in resp.get("Contents", [])
         ]
         more = bool(resp.get("IsTruncated")) and bool(resp.get("NextContinuationToken"))
@@ -491,9 +594,9 @@ class S3Store:
         )
         return page, self._server_time(resp)
 
-    def server_time(self) -> datetime:
-        resp = self._call("head_bucket", None)
-        return self._server_time(resp) or datetime.now(timezone.utc)
+    def server_time(self) -> datetime | None:
+        """The Date of a HEAD of the bucket; None when the server sent none."""
+        return self._server_time(self._call("head_bucket", None))
 
     # -- bucket management (not part of the protocol) -----------------------------------
 
@@ -524,7 +627,8 @@ class S3Store:
 
 class _RedactSecrets(logging.Filter):
     """Masks our credentials in botocore's and urllib3's own log records: at DEBUG,
-    botocore logs request headers, and the Authorization header names the access key."""
+    botocore logs request headers, and the Authorization header names the access key;
+    it logs URLs too, so the userinfo of any is masked as well."""
 
     LOGGERS = (
         "botocore",
@@ -541,30 +645,54 @@ class _RedactSecrets(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self._secrets: frozenset[str] = frozenset()
-        self._installed = False
         self._lock = threading.Lock()
+
+    #: whose loggers are covered: a filter acts only on its own logger's records, so
+    #: every logger of these packages that exists when a client is built gets it
+    PACKAGES = ("botocore", "boto3", "urllib3", "s3transfer")
 
     def add(self, *secrets: str | None) -> None:
         with self._lock:
             self._secrets = self._secrets | {s for s in secrets if s}
-            if not self._installed:
-                for name in self.LOGGERS:
-                    logging.getLogger(name).addFilter(self)
-                self._installed = True
+            existing = [
+                name for name in list(logging.root.manager.loggerDict)
+                if name.split(".", 1)[0] in self.PACKAGES
+            ]
+            for name in (*self.LOGGERS, *existing):
+                logger = logging.getLogger(name)
+                if self not in logger.filters:
+                    logger.addFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
         secrets = self._secrets
-        if not secrets:
-            return True
-        text = record.getMessage()
+        original = record.getMessage()
+        text = redact_endpoint(original) if "@" in original else original
         if any(secret in text for secret in secrets):
             for secret in sorted(secrets, key=len, reverse=True):
                 text = text.replace(secret, "***")
+        if text != original:
             record.msg, record.args = text, None
         return True
 
 
 _SECRET_FILTER = _RedactSecrets()
+
+#: every store of this process, for :func:`_after_fork_in_child`
+_STORES: weakref.WeakSet[S3Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: new locks for the ones a thread of the parent may have held at
+    the fork (building a client takes 0.1 s under the store's lock); that thread does
+    not exist here, so they would never be released. Clients, fast paths and their
+    connection pools are the parent's and stay unused: each store builds its own on
+    first use (keyed by pid)."""
+    for store in list(_STORES):
+        store._lock = threading.Lock()
+    _SECRET_FILTER._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _LOADER: Any = None
 
@@ -586,9 +714,9 @@ def _new_botocore_session() -> Any:
     return session
 
 
-def _parse_timestamp(value: str) -> datetime:
+def _strict_timestamp(value: str) -> datetime:
     """S3 timestamps: ISO 8601 in XML bodies, RFC 1123 in headers; botocore's own parser
-    (dateutil) for anything else."""
+    (dateutil) for anything else. Raises ValueError (or TypeError) when unreadable."""
     try:
         if value[:4].isdigit():
             return datetime.fromisoformat(value).astimezone(timezone.utc)
@@ -597,6 +725,27 @@ def _parse_timestamp(value: str) -> datetime:
         from botocore.utils import parse_timestamp
 
         return parse_timestamp(value)  # type: ignore[no-any-return]
+
+
+def _parse_timestamp(value: Any) -> Any:
+    """botocore's timestamp parser for our clients: :func:`_strict_timestamp`, or the
+    text itself when unreadable, so the store can say which object it belongs to (an
+    error raised inside botocore's parser could not)."""
+    try:
+        return _strict_timestamp(value)
+    except (TypeError, ValueError, OverflowError):
+        return value
+
+
+def _listed_time(key: str, value: Any) -> datetime | None:
+    """A listed object's LastModified as UTC; None when the server gave none; a
+    StorageError naming the object when it is unreadable (never a guess)."""
+    if value is None or value == "" or isinstance(value, datetime):
+        return _utc(value)
+    try:
+        return _strict_timestamp(value)
+    except (TypeError, ValueError, OverflowError):
+        raise StorageError("list_objects_v2: unreadable LastModified", key=key) from None
 
 
 def _http_date(value: str | None) -> datetime | None:
@@ -609,9 +758,11 @@ def _http_date(value: str | None) -> datetime | None:
         return None
 
 
-def _utc(value: Any) -> datetime:
+def _utc(value: Any) -> datetime | None:
+    """A server's timestamp as UTC; None for anything else (absent or unreadable): the
+    local clock never stands in for the server's."""
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc) if value.tzinfo else value.replace(
             tzinfo=timezone.utc
         )
-    return datetime.now(timezone.utc)
+    return None

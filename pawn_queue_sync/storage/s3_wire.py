@@ -34,7 +34,8 @@ from xml.sax.saxutils import escape
 import attrs
 
 __all__ = [
-    "Answer", "Page", "WireClient", "WireUnavailable", "delete_errors", "error_of", "list_page",
+    "Answer", "Page", "WireClient", "WireDeadline", "WireUnavailable", "delete_errors",
+    "error_of", "host_header", "list_page", "retryable",
 ]
 
 #: Answers botocore's "standard" retry mode retries (besides connection errors).
@@ -49,10 +50,35 @@ _RETRY_CODES = frozenset(
 )
 _MAX_BACKOFF = 20.0
 _UNRESERVED = "-_.~"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class WireUnavailable(Exception):
     """Every attempt failed without an answer (connection refused, timeout, ...)."""
+
+
+class WireDeadline(WireUnavailable):
+    """The request's deadline passed before an answer came; nothing was sent after it."""
+
+
+def host_header(url: str) -> str:
+    """The Host header urllib3 sends for ``url``, which is what SigV4 must sign: the
+    host name lower-cased, an IPv6 address in brackets, the port only when it is not
+    the scheme's default, never ``user:password@``. botocore signs the same
+    (``botocore.auth._host_from_url``), so the fast path and boto3 agree."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = parts.port
+    if port is not None and port != _DEFAULT_PORTS.get(parts.scheme):
+        host = f"{host}:{port}"
+    return host
+
+
+def backoff(attempt: int) -> float:
+    """botocore's "standard" mode delay before retry number ``attempt`` (1, 2, ...)."""
+    return random.random() * min(_MAX_BACKOFF, 2.0 ** (attempt - 1))
 
 
 @attrs.frozen
@@ -100,12 +126,14 @@ class WireClient:
 
         parts = urlsplit(endpoint_url)
         self._scheme = parts.scheme
-        self._host = parts.netloc
+        self._host = host_header(endpoint_url)  # signed, and sent as such
         self._base = parts.path.rstrip("/") + "/" + quote(bucket, safe="")
         self._region = region
         self._credentials = credentials
         self._events = events
         self._attempts = max(1, max_attempts)
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
         self._keys: dict[tuple[str, str], bytes] = {}
         self._keys_lock = threading.Lock()
         pool_kwargs: dict[str, Any] = {
@@ -126,7 +154,9 @@ class WireClient:
         from botocore.awsrequest import AWSPreparedRequest
 
         self._prepared_request = AWSPreparedRequest
+        self._timeout = urllib3.Timeout
         self._send_errors = (urllib3.exceptions.HTTPError, OSError, ValueError)
+        # what hooks see and errors name: the URL without userinfo, as sent
         self._url_prefix = f"{self._scheme}://{self._host}"
 
     def close(self) -> None:
@@ -134,9 +164,13 @@ class WireClient:
 
     # -- requests ------------------------------------------------------------------
 
-    def put(self, key: str, body: bytes, headers: dict[str, str]) -> Answer:
+    def put(
+        self, key: str, body: bytes, headers: dict[str, str], deadline: float | None = None
+    ) -> Answer:
         headers = {"content-type": "application/json", **headers}
-        return self._send(_Request("PutObject", "PUT", self._key_path(key), (), headers, body))
+        return self._send(
+            _Request("PutObject", "PUT", self._key_path(key), (), headers, body), deadline
+        )
 
     def get(self, key: str) -> Answer:
         return self._send(_Request("GetObject", "GET", self._key_path(key), (), {}, b""))
@@ -144,12 +178,14 @@ class WireClient:
     def head(self, key: str) -> Answer:
         return self._send(_Request("HeadObject", "HEAD", self._key_path(key), (), {}, b""))
 
-    def delete(self, key: str, headers: dict[str, str]) -> Answer:
+    def delete(
+        self, key: str, headers: dict[str, str], deadline: float | None = None
+    ) -> Answer:
         return self._send(
-            _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b"")
+            _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b""), deadline
         )
 
-    def delete_objects(self, keys: list[str]) -> Answer:
+    def delete_objects(self, keys: list[str], deadline: float | None = None) -> Answer:
         """One DeleteObjects request, quiet (the answer lists failures only)."""
         items = "".join(f"<Object><Key>{escape(k)}</Key></Object>" for k in keys)
         body = (
@@ -160,7 +196,8 @@ class WireClient:
         md5 = base64.b64encode(hashlib.md5(body).digest()).decode("ascii")
         headers = {"content-md5": md5, "content-type": "application/xml"}
         return self._send(
-            _Request("DeleteObjects", "POST", self._base, (("delete", ""),), headers, body)
+            _Request("DeleteObjects", "POST", self._base, (("delete", ""),), headers, body),
+            deadline,
         )
 
     def list_objects(
@@ -184,30 +221,46 @@ class WireClient:
 
     # -- sending, with botocore's standard retries ------------------------------------
 
-    def _send(self, req: _Request) -> Answer:
+    def _send(self, req: _Request, deadline: float | None = None) -> Answer:
+        """Attempts until an answer that is not worth retrying; with a ``deadline``
+        (monotonic), none is sent after it, each waits at most until it, and a backoff
+        that would end past it gives up at once (WireDeadline)."""
         attempt = 0
         while True:
             attempt += 1
+            timeout = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WireDeadline(f"the deadline passed before attempt {attempt}")
+                timeout = self._timeout(connect=min(self._connect_timeout, left),
+                                        read=min(self._read_timeout, left))
             try:
-                answer = self._attempt(req)
-            except WireUnavailable:
+                answer = self._attempt(req, timeout)
+            except WireUnavailable as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WireDeadline(f"no answer by the deadline ({exc})") from None
                 if attempt >= self._attempts:
                     raise
             else:
-                if not _retryable(answer) or attempt >= self._attempts:
+                if not retryable(answer.status, answer) or attempt >= self._attempts:
                     return answer
-            time.sleep(random.random() * min(_MAX_BACKOFF, 2.0 ** (attempt - 1)))
+            delay = backoff(attempt)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise WireDeadline(f"the deadline comes before attempt {attempt + 1}")
+            time.sleep(delay)
 
-    def _attempt(self, req: _Request) -> Answer:
+    def _attempt(self, req: _Request, timeout: Any = None) -> Answer:
         query = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(req.query))
         headers = self._sign(req, query)
         target = req.path + (f"?{query}" if query else "")
         answer = self._hooked(req, self._url_prefix + target, headers)
         if answer is None:
+            extra = {} if timeout is None else {"timeout": timeout}
             try:
                 resp = self._pool.urlopen(
                     req.method, target, body=req.body or None, headers=headers,
-                    redirect=False, retries=False, preload_content=True,
+                    redirect=False, retries=False, preload_content=True, **extra,
                 )
             except self._send_errors as exc:
                 # never the exception's text: a malformed header's error quotes it
@@ -264,8 +317,7 @@ class WireClient:
             f"AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
             f"SignedHeaders={';'.join(names)}, Signature={signature}"
         )
-        del headers["host"]  # urllib3 sends it from the URL
-        return headers
+        return headers  # with "host": urllib3 then sends exactly the one signed
 
     def _signing_key(self, secret: str, day: str) -> bytes:
         cache_key = (hashlib.sha256(secret.encode("utf-8")).hexdigest(), day)
@@ -292,12 +344,14 @@ def _q(text: str) -> str:
     return quote(text, safe=_UNRESERVED)
 
 
-def _retryable(answer: Answer) -> bool:
-    if answer.status in _RETRY_STATUS:
+def retryable(status: int, answer: Answer | None = None, code: str = "") -> bool:
+    """Whether botocore's "standard" retry mode retries an answer: by its status, or
+    the error code of its body (``answer``) or given (``code``)."""
+    if status in _RETRY_STATUS:
         return True
-    if answer.status >= 400 and answer.body:
-        return error_of(answer)[0] in _RETRY_CODES
-    return False
+    if status >= 400 and answer is not None and answer.body:
+        code = error_of(answer)[0]
+    return code in _RETRY_CODES
 
 
 # -- reading answers ----------------------------------------------------------------------
