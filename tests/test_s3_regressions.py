@@ -672,3 +672,14 @@ def test_fork_while_another_thread_waits_for_an_answer(recorder: Recorder) -> No
         worker.join(30)
     assert code == 0
 
+
+
+def test_spark_settings_never_show_the_endpoints_userinfo() -> None:
+    """What Spark writers and readers show (their reprs name the endpoint)."""
+    from pawn_queue_sync.spark._common import Settings
+
+    endpoint = f"http://user:{URL_PASSWORD}@127.0.0.1:9000"
+    settings = Settings({"s3": {"endpoint_url": endpoint, "bucket_name": BUCKET}})
+    for text in (settings.describe(), repr(settings)):
+        _no_url_password(text, "spark settings")
+        assert "127.0.0.1:9000" in text

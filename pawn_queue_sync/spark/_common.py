@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import PawnQueueConfig, load_config
+from ..config import PawnQueueConfig, load_config, redact_endpoint
 from ..encoding import canonical_json
 from ..errors import ConfigError
 from ..queue import layout
@@ -111,7 +111,8 @@ class Settings:
     def describe(self) -> str:
         s3 = self._data.get("s3")
         if s3:
-            return f"s3 bucket {s3['bucket_name']!r} at {s3.get('endpoint_url') or 'AWS'}"
+            where = redact_endpoint(s3.get("endpoint_url") or "AWS")
+            return f"s3 bucket {s3['bucket_name']!r} at {where}"
         return f"local store at {self._data['local']['path']!r}"
 
     def __repr__(self) -> str:
