@@ -16,11 +16,13 @@ import base64
 import bisect
 import json
 import logging
+import os
 import random
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -56,6 +58,11 @@ _MIN_SHARE = 32
 #: leave while the lease listing is fresh (jitter_min), and sending 64 costs ~60 ms of
 #: client CPU on a busy machine; a re-listing before a group costs one request.
 _CSPRNG_GROUP = 32
+#: An ack re-proves a message's lease at most this many times before giving up on it
+#: for now (it stays leased): each proof must be followed by its delete within the fence.
+_ACK_ROUNDS = 3
+#: Every live consumer, so a forked child can give them fresh locks.
+_CONSUMERS: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
 
 class Consumer:
@@ -88,8 +95,11 @@ class Consumer:
         #: yet), and when (monotonic) we asked
         self._peers: tuple[int, int] | None = None
         self._peers_at = 0.0
+        #: when (monotonic) our registry entry was last written: registration just did
+        self._beat_at = ctx.clock.monotonic()
         #: topic -> the lister of our batch claims' lease ranges (keeps its estimate)
         self._ranges: dict[str, leases.KeyRange] = {}
+        _CONSUMERS.add(self)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -122,17 +132,50 @@ class Consumer:
     def poll(self, max_messages: int | None = None) -> list[Message]:
         """Claim up to ``max_messages`` (default ``polling.max_messages_per_poll``)
         messages, oldest first within a topic (at random among the oldest when other
-        consumers hold leases there or took keys from us); topics take turns first."""
-        want = max_messages or self._ctx.config.polling.max_messages_per_poll
+        consumers hold leases there or took keys from us); topics take turns first.
+        ``0`` claims nothing; a negative number is a ValueError.
+
+        A topic whose requests fail does not cost the others: the poll goes on and
+        returns what it claimed, logging a warning that names the failed topic. A poll
+        that claimed nothing raises the (first) failure, the topic named in it."""
+        want = self._wanted(max_messages)
+        if want == 0:
+            return []
+        self._heartbeat()
         got: list[Message] = []
+        failed: list[tuple[str, StorageError]] = []
         start = self._rr
         self._rr = (self._rr + 1) % len(self._topics)
         for i in range(len(self._topics)):
             if len(got) >= want:
                 break
             topic = self._topics[(start + i) % len(self._topics)]
-            got.extend(self._poll_topic(topic, want - len(got)))
+            try:
+                got.extend(self._poll_topic(topic, want - len(got)))
+            except StorageError as exc:  # claims made elsewhere are kept, never dropped
+                failed.append((topic, exc))
+        if failed and not got:
+            topic, exc = failed[0]
+            for other, error in failed[1:]:
+                log.warning("poll of topic %r failed: %s", other, error)
+            raise _naming(topic, exc) from exc
+        for topic, exc in failed:
+            log.warning("poll of topic %r failed (returning %d message(s) claimed on "
+                        "other topics): %s", topic, len(got), exc)
         return got
+
+    def _wanted(self, max_messages: int | None) -> int:
+        """How many messages a poll asks for: ``max_messages``, or the configured
+        default when None."""
+        if max_messages is None:
+            return self._ctx.config.polling.max_messages_per_poll
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+            raise TypeError(
+                f"max_messages must be an int or None, got {type(max_messages).__name__}"
+            )
+        if max_messages < 0:
+            raise ValueError(f"max_messages must be >= 0, got {max_messages}")
+        return max_messages
 
     def _poll_topic(self, topic: str, want: int) -> list[Message]:
         prefix = layout.messages_prefix(topic)
@@ -171,12 +214,17 @@ class Consumer:
             listing = self._ctx.store.list(prefix, limit=window + len(live) + _LIST_SLACK)
         self._leases_seen[topic] = len(live)
         self._idle[topic] = not listing.objects
+        # One candidate per message id, the oldest: two objects with one id (a
+        # publish retried without created_at) share one lease key, so one is claimed,
+        # and the other once the first is settled and its lease gone.
         candidates: list[tuple[str, str]] = []
+        taken = set(live)
         for info in listing.objects:
             mid = layout.parse_message_key(topic, info.key)
             if mid is None:
                 self._quarantine_foreign(topic, info.key, info.size)
-            elif mid not in live:
+            elif mid not in taken:
+                taken.add(mid)
                 candidates.append((info.key, mid))
             if len(candidates) >= window:
                 break
@@ -231,9 +279,11 @@ class Consumer:
         return run
 
     def _registered_peers(self) -> tuple[int, int]:
-        """Our rank among the registered consumers and their number, asked again at
-        most every ``registry.heartbeat_interval_seconds`` (one LIST of keys); an error
-        counts as one peer besides us."""
+        """Our rank among the live registered consumers (see :func:`registry.rank`:
+        written within a few heartbeat intervals, by the server's clock) and their
+        number, asked again at most every ``registry.heartbeat_interval_seconds`` (one
+        LIST of keys); an error counts as one peer besides us. Our own entry is kept
+        alive by :meth:`_heartbeat`, which every poll runs."""
         now = self._ctx.clock.monotonic()
         every = self._ctx.config.registry.heartbeat_interval_seconds
         if self._peers is None or now - self._peers_at >= every:
@@ -244,6 +294,20 @@ class Consumer:
                 log.warning("could not list registered consumers: %s", exc)
                 self._peers = self._peers or (self._rng.randrange(2), 2)
         return self._peers
+
+    def _heartbeat(self) -> None:
+        """Rewrite our registry entry's ``last_seen`` once a heartbeat interval has
+        passed since it was last written (one PUT an interval, not a request per poll),
+        so peers' :func:`registry.rank` counts us as alive. A failure only logs; the
+        next try is an interval later."""
+        now = self._ctx.clock.monotonic()
+        if now - self._beat_at < self._ctx.config.registry.heartbeat_interval_seconds:
+            return
+        self._beat_at = now
+        try:
+            self._entry = registry.heartbeat(self._ctx, self._entry)
+        except StorageError as exc:
+            log.warning("consumer %r: registry heartbeat failed: %s", self.name, exc)
 
     def _rivals_hold(self, topic: str, live: set[str]) -> bool:
         """Whether some live lease on ``topic`` is not ours: others consume here."""
@@ -331,7 +395,9 @@ class Consumer:
              leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility))
             for _key, mid in candidates
         ]
-        message_of = {lease_key: key for (key, _mid), (lease_key, _b) in zip(candidates, claims)}
+        message_of: dict[str, str] = {}  # as claim_csprng_batch: a key's first claim
+        for (key, _mid), (lease_key, _body) in zip(candidates, claims):
+            message_of.setdefault(lease_key, key)
         started = ctx.clock.monotonic()
         threads = ctx.config.polling.claim_threads
         pool = ctx.pool("claim", threads)
@@ -432,53 +498,129 @@ class Consumer:
         then their leases, so nobody can claim a message whose ack is under way.
 
         A lease still well inside its visibility timeout is ours by construction (no one
-        removes a lease before it is stale), so its message is deleted without asking;
-        an older one is first re-proven with a conditional refresh. Raises
-        LeaseLostError (after acking the others) if any lease was lost.
+        removes a lease before it is stale), so its message is deleted without asking.
+        Older ones are re-proven with conditional refreshes, in parallel on the claim
+        pool, and each group is deleted as soon as it is proven: proof and delete stay
+        within the fence however many there are. An ack waits for a refresh of its
+        message under way; refreshes that start later do nothing (see :meth:`refresh`).
+
+        Raises LeaseLostError (after acking the others) if a refresh found another
+        lease on some message: only that makes a message lost. Raises StorageError if
+        some could not be acked for another reason (the store failed, or it was too
+        slow to prove a lease within the fence): those stay leased, ack them again.
         """
         todo: list[Message] = []
         lost: list[Message] = []
-        for msg in msgs:
-            if msg.state in ("acked", "nacked"):
-                continue
-            (todo if msg.state == "leased" else lost).append(msg)
-        # Re-prove old leases, then check the time fence of *all* again: the refreshes
-        # take time, which may have aged leases that were fresh at first.
-        for _ in range(3):
-            old = [m for m in todo if not self._fresh(m)]
-            if not old:
-                break
-            for msg in old:
-                try:
-                    self.refresh(msg)
-                except LeaseLostError:
-                    todo.remove(msg)
+        for msg in dict.fromkeys(msgs):
+            with msg._lock:  # waits for a refresh under way
+                if msg.state in ("acked", "nacked") or msg._settling:
+                    continue  # done, or being settled by another call
+                if msg.state != "leased":
                     lost.append(msg)
-        else:  # still not provably ours after three rounds (a very slow store): don't act
-            lost.extend(m for m in todo if not self._fresh(m))
-            todo = [m for m in todo if self._fresh(m)]
-        if todo:
-            self._delete([m.key for m in todo])
-            with self._lock:  # still our leases until deleted (see _rivals_hold)
-                self._releasing.update(m.id for m in todo)
+                    continue
+                msg._settling = True
+            todo.append(msg)
+        errors: list[StorageError] = []
+        try:
+            self._ack_fenced(todo, lost, errors)
+        finally:
             for msg in todo:
-                self._settled(msg, "acked")
-            try:
-                self._delete([m.lease_key for m in todo])
-            except StorageError as exc:  # harmless: orphan leases go stale and are reaped
-                log.warning("acked, but could not delete %d lease(s): %s", len(todo), exc)
-            finally:
-                with self._lock:
-                    self._releasing.difference_update(m.id for m in todo)
+                with msg._lock:
+                    msg._settling = False
+        unacked = [m for m in todo if m.state == "leased"]
+        if unacked:
+            cause = errors[0] if errors else None
+            why = cause or "their leases could not be re-proven within the fence"
+            also = f" ({len(lost)} lost)" if lost else ""
+            raise StorageError(
+                f"{len(unacked)} message(s) not acked, still leased{also}: {why}",
+                key=unacked[0].key,
+            ) from cause
         if lost:
             raise LeaseLostError(lost[0].id, f"{len(lost)} message(s) not acked")
+
+    def _ack_fenced(
+        self, todo: list[Message], lost: list[Message], errors: list[StorageError]
+    ) -> None:
+        """Ack ``todo``: fresh leases at once, old ones as their proofs come in; a proof
+        that has aged past the fence by the time it is acted on is made again (at most
+        _ACK_ROUNDS times). Lost messages go to ``lost``, store errors to ``errors``."""
+        pending = todo
+        for _ in range(_ACK_ROUNDS):
+            fresh: list[Message] = []
+            old: list[Message] = []
+            for msg in pending:
+                (fresh if self._fresh(msg) else old).append(msg)
+            self._delete_acked(fresh, errors)
+            pending = []
+            for proven in self._reproven(old, lost, errors):
+                ready = [m for m in proven if self._fresh(m)]
+                self._delete_acked(ready, errors)
+                aged = set(proven).difference(ready)  # proven too long ago: again
+                pending.extend(m for m in proven if m in aged)
+            if not pending:
+                return
+
+    def _reproven(
+        self, msgs: list[Message], lost: list[Message], errors: list[StorageError]
+    ) -> Iterator[list[Message]]:
+        """Refresh every lease of ``msgs`` in parallel on the claim pool, yielding the
+        proven ones in groups as the refreshes finish (not all at the end)."""
+        if not msgs:
+            return
+        pool = self._ctx.pool("claim", self._ctx.config.polling.claim_threads)
+        futures = {pool.submit(self._reprove, msg): msg for msg in msgs}
+        waiting = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+            proven: list[Message] = []
+            for fut in done:
+                exc = fut.exception()
+                if exc is None:
+                    proven.append(futures[fut])
+                elif isinstance(exc, LeaseLostError):
+                    lost.append(futures[fut])
+                elif isinstance(exc, StorageError):
+                    errors.append(exc)
+                else:
+                    raise exc
+            if proven:
+                yield proven
+
+    def _reprove(self, msg: Message) -> None:
+        """Refresh the lease of a message being acked (the ack holds it: no one else
+        refreshes it meanwhile)."""
+        with msg._lock:
+            self._renew(msg)
+
+    def _delete_acked(self, msgs: list[Message], errors: list[StorageError]) -> None:
+        """Delete the messages (their fence just checked), mark them acked, then delete
+        their leases; a failed message delete leaves them leased (in ``errors``)."""
+        if not msgs:
+            return
+        try:
+            self._delete([m.key for m in msgs])
+        except StorageError as exc:
+            errors.append(exc)
+            return
+        with self._lock:  # still our leases until deleted (see _rivals_hold)
+            self._releasing.update(m.id for m in msgs)
+        for msg in msgs:
+            self._settled(msg, "acked")
+        try:
+            self._delete([m.lease_key for m in msgs])
+        except StorageError as exc:  # harmless: orphan leases go stale and are reaped
+            log.warning("acked, but could not delete %d lease(s): %s", len(msgs), exc)
+        finally:
+            with self._lock:
+                self._releasing.difference_update(m.id for m in msgs)
 
     def nack(self, msg: Message, reason: str | None = None) -> None:
         """Write the message to the dead-letter prefix with ``reason``, then delete it
         and its lease. If the dead-letter write fails, nothing is deleted."""
         with msg._lock:
-            if msg.state in ("acked", "nacked"):
-                return
+            if msg.state in ("acked", "nacked") or msg._settling:
+                return  # done, or an ack is under way
             if msg.state != "leased":
                 raise LeaseLostError(msg.id, f"message was {msg.state}")
             self._fence(msg)
@@ -500,7 +642,7 @@ class Consumer:
     def release(self, msg: Message) -> None:
         """Give the lease back so the message is delivered again at once."""
         with msg._lock:
-            if msg.state != "leased":
+            if msg.state != "leased" or msg._settling:
                 return
             self._settled(msg, "released")
         self._drop_lease(msg.lease_key, msg.lease_token)
@@ -512,7 +654,7 @@ class Consumer:
         that takes it next knows its ``delivery_count``.
         """
         with msg._lock:
-            if msg.state != "leased":
+            if msg.state != "leased" or msg._settling:
                 return
             self._fence(msg)
             doc = dict(msg.body)
@@ -525,26 +667,40 @@ class Consumer:
         self._drop_lease(msg.lease_key, msg.lease_token)
 
     def refresh(self, msg: Message) -> None:
-        """Extend our lease by a visibility timeout, proving it is still ours."""
+        """Extend our lease by a visibility timeout, proving it is still ours.
+
+        Refresh and settlement exclude each other per message: an ack waits for a
+        refresh under way, and a refresh while an ack is under way, or after the
+        message was acked or nacked, does nothing (there is nothing left to renew, and
+        the ack deleting the lease is no loss). Raises LeaseLostError if another
+        lease was found (the message is then ``lost``) or the message was given back.
+        """
         with msg._lock:
+            if msg._settling or msg.state in ("acked", "nacked"):
+                return
             if msg.state != "leased":
                 raise LeaseLostError(msg.id, f"message was {msg.state}")
-            ctx = self._ctx
-            body = leases.LeaseBody.new(
-                self.id, msg.id, ctx.clock.now(), ctx.visibility, claimed_at=None
+            self._renew(msg)
+
+    def _renew(self, msg: Message) -> None:
+        """Rewrite our lease, ``msg._lock`` held: a new token, and the fence counts
+        from now. A lease found taken makes the message lost."""
+        ctx = self._ctx
+        body = leases.LeaseBody.new(
+            self.id, msg.id, ctx.clock.now(), ctx.visibility, claimed_at=None
+        )
+        started = ctx.clock.monotonic()
+        try:
+            token = run(
+                leases.refresh(msg.lease_key, msg.lease_token, body, ctx.caps, ctx.csprng),
+                ctx.store,
+                ctx.clock,
             )
-            started = ctx.clock.monotonic()
-            try:
-                token = run(
-                    leases.refresh(msg.lease_key, msg.lease_token, body, ctx.caps, ctx.csprng),
-                    ctx.store,
-                    ctx.clock,
-                )
-            except LeaseLostError:
-                self._settled(msg, "lost")
-                raise
-            msg.lease_token = token
-            msg.lease_written_at = started
+        except LeaseLostError:
+            self._settled(msg, "lost")
+            raise
+        msg.lease_token = token
+        msg.lease_written_at = started
 
     def lease_age(self, msg: Message) -> float:
         """Seconds since our current lease version was written (by the local clock)."""
@@ -615,12 +771,15 @@ class Consumer:
         """Make sure the lease is ours before acting: recent enough by the local
         monotonic clock, or re-proven with a conditional refresh."""
         if not self._fresh(msg):
-            self.refresh(msg)
+            self._renew(msg)
 
     def _settled(self, msg: Message, state: Any) -> None:
+        """Record how ``msg`` ended and stop counting it in flight (only this very
+        object: a later claim of the same id may be in flight under it)."""
         msg.state = state
         with self._lock:
-            self._inflight.pop(msg.id, None)
+            if self._inflight.get(msg.id) is msg:
+                del self._inflight[msg.id]
 
     def _delete(self, keys: list[str]) -> None:
         if len(keys) == 1:
@@ -679,6 +838,32 @@ class _Won:
     lease_key: str
     token: str
     started: float
+
+
+def _naming(topic: str, exc: StorageError) -> StorageError:
+    """``exc`` again (its class where it can), its message naming the topic whose poll
+    failed."""
+    text = f"poll of topic {topic!r} failed: {exc}"
+    try:
+        named = type(exc)(text)
+    except TypeError:  # a subclass with another signature
+        named = StorageError(text)
+    named.key = exc.key
+    return named
+
+
+def _reset_locks_after_fork() -> None:
+    """In a forked child only the forking thread exists, so a lock another thread held
+    at the fork would stay held forever: every consumer, and each message it holds,
+    gets fresh locks."""
+    for consumer in list(_CONSUMERS):
+        consumer._lock = threading.Lock()
+        for msg in consumer._inflight.values():
+            msg._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_after_fork)
 
 
 def _id_at(fraction: float) -> str:

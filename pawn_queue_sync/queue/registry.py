@@ -3,6 +3,12 @@
 The id is ``uuid5(namespace, role/name)``, so every process computes the same id and
 concurrent registrations cannot create two. An entry pawn-queue 0.1.3 wrote earlier
 for the same name (a random uuid4) is found by a scan and reused.
+
+Liveness: a consumer that polls rewrites its entry (``last_seen``, pawn-queue's JSON
+shape) at most once per ``registry.heartbeat_interval_seconds`` (:func:`heartbeat`), and
+registering again rewrites an entry older than one interval. :func:`rank` counts only
+the entries the server saw written within ``LIVENESS_HEARTBEATS`` intervals, judged by
+the server's clock (the listing's LastModified against its Date), never the client's.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime
 from typing import Any, Literal
 
 import attrs
@@ -22,6 +29,10 @@ log = logging.getLogger(__name__)
 
 Role = Literal["producers", "consumers"]
 NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pypi.org/project/pawn-queue-sync/")
+#: A registration counts as alive (see :func:`rank`) while the server saw its entry
+#: written within this many ``registry.heartbeat_interval_seconds``: a polling consumer
+#: rewrites it once an interval, so two missed beats are tolerated.
+LIVENESS_HEARTBEATS = 3
 
 
 @attrs.frozen
@@ -58,15 +69,19 @@ def register(ctx: Context, role: Role, name: str) -> RegistryEntry:
         except ObjectNotFound:
             legacy = _find_legacy(ctx, role, name)
             if legacy is not None:
-                return legacy
+                return _rewrite(ctx, legacy)  # as pawn-queue does when it registers again
         else:
             try:
-                return RegistryEntry.from_json(json.loads(got.body))
+                entry = RegistryEntry.from_json(json.loads(got.body))
             except (ValueError, KeyError, TypeError):
                 # Unreadable, yet at the key only this name maps to: rewrite it below
                 # (the id is the same whoever writes it).
                 log.warning("replacing unreadable registry entry %s", key)
                 corrupt_etag = got.etag
+            else:
+                if _older_than_a_beat(ctx, got.last_modified, got.server_time):
+                    return _rewrite(ctx, entry)  # registering again: alive again
+                return entry
         now = layout.iso(ctx.clock.now())
         entry = RegistryEntry(role, name, entity_id, now, now)
         body = layout.canonical_json(attrs.asdict(entry))
@@ -119,10 +134,49 @@ def list_entries(ctx: Context, role: Role | None = None) -> list[RegistryEntry]:
     return out
 
 
+def heartbeat(ctx: Context, entry: RegistryEntry) -> RegistryEntry:
+    """Rewrite ``entry`` with ``last_seen`` now (one unconditional PUT of pawn-queue's
+    JSON shape, as pawn-queue's own heartbeat does): the server's LastModified of the
+    entry is what :func:`rank` judges. Raises StorageError."""
+    fresh = attrs.evolve(entry, last_seen=layout.iso(ctx.clock.now()))
+    ctx.store.put(layout.registry_key(entry.role, entry.entity_id),
+                  layout.canonical_json(attrs.asdict(fresh)))
+    return fresh
+
+
+def _rewrite(ctx: Context, entry: RegistryEntry) -> RegistryEntry:
+    """:func:`heartbeat` at registration; a failure leaves the entry as it was (the
+    first heartbeat of a poll writes it later)."""
+    try:
+        return heartbeat(ctx, entry)
+    except StorageError as exc:
+        log.warning("could not refresh registry entry of %s %r: %s", entry.role[:-1],
+                    entry.name, exc)
+        return entry
+
+
+def _older_than_a_beat(ctx: Context, written: datetime, server_now: datetime | None) -> bool:
+    """Whether an entry written at ``written`` (server clock) is a heartbeat interval
+    old or more by ``server_now``; unknown server time: yes (rewrite, to be safe)."""
+    if server_now is None:
+        return True
+    age = (server_now - written).total_seconds()
+    return age >= ctx.config.registry.heartbeat_interval_seconds
+
+
 def rank(ctx: Context, role: Role, entity_id: str) -> tuple[int, int]:
-    """Our place among the ids registered in ``role`` and how many there are (counting
-    us if we are not listed): one LIST of keys, no reads."""
+    """Our place among the live ids registered in ``role`` and how many there are
+    (counting us whether listed or not): one LIST of keys, no reads.
+
+    An entry is live when the listing's server time is at most ``LIVENESS_HEARTBEATS``
+    heartbeat intervals past its LastModified (both the server's clock). A listing
+    without a server time counts every entry: the client clock never judges."""
     ours = layout.registry_key(role, entity_id)
     listing = ctx.store.list(f"{layout.REGISTRY_PREFIX}{role}/")
-    keys = sorted({info.key for info in listing.objects} | {ours})
+    now = listing.server_time
+    window = LIVENESS_HEARTBEATS * ctx.config.registry.heartbeat_interval_seconds
+    keys = sorted({
+        info.key for info in listing.objects
+        if now is None or (now - info.last_modified).total_seconds() <= window
+    } | {ours})
     return keys.index(ours), len(keys)
