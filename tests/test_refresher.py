@@ -11,6 +11,7 @@ the tests count the gaps that were longer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -105,7 +106,7 @@ class LeaseWrites:
             late = 0
             for k in keys:
                 times = [*self._writes[k], until]
-                late += sum(b - a > limit for a, b in zip(times, times[1:], strict=False))
+                late += sum(b - a > limit for a, b in itertools.pairwise(times))
             return late
 
 
@@ -123,7 +124,6 @@ def claim(pq: PawnQueue, n: int) -> tuple[Any, list[Message]]:
 
 
 def test_120_held_leases_on_a_slow_store_are_each_renewed_before_they_could_go_stale(
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """120 leases, 0.2 s per refresh, renewed every second: one at a time that is a
     24 s round, so most leases would go 3 s (the visibility timeout) unrenewed. On
@@ -164,14 +164,44 @@ def test_a_refresher_that_falls_behind_says_so(caplog: pytest.LogCaptureFixture)
         refresher = LeaseRefresher(consumer, interval=1.0)
         for msg in msgs:
             refresher.track(msg)
-        with caplog.at_level(logging.WARNING, logger="pawn_queue_sync.runtime.refresher"):
-            with refresher:
-                wait_until(lambda: all(writes.count(k) >= 3 for k in keys),
-                           "two renewals of every lease")
+        with caplog.at_level(logging.WARNING, logger="pawn_queue_sync.runtime.refresher"), \
+                refresher:
+            wait_until(lambda: all(writes.count(k) >= 3 for k in keys),
+                       "two renewals of every lease")
         behind = [r for r in caplog.records if "behind" in r.getMessage()]
         assert behind, caplog.text
         assert "claim_threads" in behind[0].getMessage()  # says what to change
         assert refresher.late > 0
+    finally:
+        pq.close()
+
+
+def test_due_leases_are_renewed_closest_to_expiry_first() -> None:
+    """Eight leases all due, written at shuffled times: one thread renews the oldest
+    (closest to expiry) first, whatever the order they were tracked in."""
+    order: list[str] = []
+    watching = threading.Event()
+
+    def hooks(op: str, key: str) -> None:
+        if watching.is_set() and op == "put" and key.endswith(".lease"):
+            order.append(key)
+
+    pq = memory_queue(hooks)
+    try:
+        publish(pq, 8)
+        consumer, msgs = claim(pq, 8)
+        now = pq.context.clock.monotonic()
+        ages = [1.6, 1.1, 2.4, 1.3, 2.0, 1.5, 2.2, 1.2]  # all past the 1 s interval
+        for msg, age in zip(msgs, ages, strict=True):
+            msg.lease_written_at = now - age
+        refresher = LeaseRefresher(consumer, interval=1.0, threads=1)
+        for msg in msgs:
+            refresher.track(msg)
+        watching.set()
+        with refresher:
+            wait_until(lambda: len(order) >= 8, "eight renewals")
+        by_age = sorted(zip(ages, msgs, strict=True), key=lambda p: -p[0])
+        assert order[:8] == [m.lease_key for _, m in by_age]
     finally:
         pq.close()
 
