@@ -894,3 +894,21 @@ def test_dump_env_docs() -> None:
     assert "| `PAWNQUEUE_POLLING_INTERVAL_SECONDS` | `polling.interval_seconds` | `5.0` |" in doc
     assert "| `PAWNQUEUE_S3_USE_SSL` | `s3.use_ssl` | `true` |" in doc
     assert "| `PAWNQUEUE_PUBLISHING_BATCH_THREADS` | `publishing.batch_threads` | `16` |" in doc
+
+
+def test_pawnqueue_takes_what_from_config_takes(tmp_path: Path) -> None:
+    """``PawnQueue(dict)`` and ``PawnQueue(path)`` once failed with AttributeError on the
+    first use (docs/runtime.md's drain example); anything else is a ConfigError."""
+    from pawn_queue_sync import PawnQueue
+    from pawn_queue_sync.errors import ConfigError as _ConfigError
+
+    store_dir = tmp_path / "store"
+    as_dict = {"local": {"path": str(store_dir)}}
+    path = tmp_path / "c.yaml"
+    path.write_text(f"local:\n  path: {store_dir}\n")
+    for source in (as_dict, path, str(path)):
+        with PawnQueue(source) as pq:
+            assert pq.create_topic("orders") in (True, False)
+            assert pq.config.local.path == str(store_dir)
+    with pytest.raises(_ConfigError, match="a YAML path, a dict or a PawnQueueConfig"):
+        PawnQueue(42)  # type: ignore[arg-type]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
-from ..errors import NotStartedError, RegistrationError
+from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from . import layout, registry, topics
@@ -32,12 +32,21 @@ class PawnQueue:
 
     def __init__(
         self,
-        config: PawnQueueConfig | None = None,
+        config: str | os.PathLike[str] | Mapping[str, Any] | PawnQueueConfig | None = None,
         *,
         store: Store | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._config = config if config is not None else load_config(None)
+        """``config``: whatever :meth:`from_config` takes (a YAML path, a dict, a
+        :class:`PawnQueueConfig` or None); anything else is a ConfigError."""
+        if not isinstance(config, PawnQueueConfig):
+            if config is not None and not isinstance(config, (str, os.PathLike, Mapping)):
+                raise ConfigError(
+                    "config", f"expected a YAML path, a dict or a PawnQueueConfig, not "
+                    f"{type(config).__name__}"
+                )
+            config = load_config(config)
+        self._config = config
         self._given_store = store
         self._clock = clock
         self._ctx: Context | None = None
