@@ -363,6 +363,17 @@ class LocalConfig:
     fsync: bool = _bool(True, "fsync files and directories on every write.")
 
 
+#: The time fence of acks (Context.fence_margin): a lease counts as ours without asking
+#: the server until ``visibility - max(FENCE_MARGIN_MIN_SECONDS, FENCE_MARGIN_FRACTION x
+#: visibility)`` after it was written; the margin is the time an ack's DELETE may take to
+#: land after the check (docs/guarantees.md, Fencing).
+FENCE_MARGIN_MIN_SECONDS = 2.0
+FENCE_MARGIN_FRACTION = 0.2
+#: The least visibility timeout: it leaves a lease 1 s inside the fence after a refresh,
+#: time for an ack to re-prove it and delete; at 2 s or less no ack could ever pass.
+MIN_VISIBILITY_TIMEOUT_SECONDS = FENCE_MARGIN_MIN_SECONDS + 1.0
+
+
 @attrs.frozen(kw_only=True)
 class PollingConfig:
     """How consumers poll, lease and give up on messages."""
@@ -380,6 +391,16 @@ class PollingConfig:
     claim_threads: int = _int(8, "Threads used to claim and fetch messages in parallel.")
 
     def __attrs_post_init__(self) -> None:
+        if self.visibility_timeout_seconds < MIN_VISIBILITY_TIMEOUT_SECONDS:
+            raise ConfigError(
+                "polling.visibility_timeout_seconds",
+                f"must be at least {MIN_VISIBILITY_TIMEOUT_SECONDS:g} s, got "
+                f"{self.visibility_timeout_seconds:g}: an ack deletes without asking the "
+                f"server only while the lease is younger than the timeout minus the "
+                f"fence margin ({FENCE_MARGIN_MIN_SECONDS:g} s at least, for the DELETE "
+                f"to land), so a shorter timeout leaves under 1 s to ack after a refresh "
+                f"(none at {FENCE_MARGIN_MIN_SECONDS:g} s or less)",
+            )
         if not self.lease_refresh_interval_seconds < self.visibility_timeout_seconds:
             raise ConfigError(
                 "polling.lease_refresh_interval_seconds",

@@ -10,7 +10,8 @@ order they are sent, and the actor resumes when the last branch ends. Events at 
 same virtual time run in the order they were scheduled, so a run is a pure function of
 its inputs.
 
-The server: last-writer-wins objects, ETag = md5 of the body, read-after-write, and
+The server: last-writer-wins objects, ETag = md5 of the body (or, with ``opaque_etags``,
+a fresh value per write), read-after-write, and
 If-None-Match / If-Match honoured only when the flag says so (a server that ignores
 them simply applies the write). LastModified and Date may be truncated to
 ``time_resolution`` seconds, as real servers do (SeaweedFS: 1 s).
@@ -118,9 +119,13 @@ class SimS3:
     """The simulated server plus the scheduler that drives the actors."""
 
     def __init__(
-        self, *, if_none_match: bool = True, if_match: bool = True, time_resolution: float = 0.0
+        self, *, if_none_match: bool = True, if_match: bool = True, time_resolution: float = 0.0,
+        opaque_etags: bool = False,
     ) -> None:
         self.if_none_match = if_none_match
+        #: ETags unrelated to the bytes (SSE-KMS, some gateways): one fresh value per write
+        self.opaque_etags = opaque_etags
+        self._writes = itertools.count()
         self.if_match = if_match
         self.time_resolution = time_resolution
         self.now = 0.0
@@ -263,7 +268,9 @@ class SimS3:
                 cur is None or cur.etag != effect.if_match
             ):
                 raise ConditionFailed("put: etag differs", key=effect.key)
-            new = Version(effect.body, md5_hex(effect.body), self.now, actor)
+            etag = (md5_hex(b"write %d" % next(self._writes)) if self.opaque_etags
+                    else md5_hex(effect.body))
+            new = Version(effect.body, etag, self.now, actor)
             self._mutate(actor, "put", effect.key, cur, new)
             return PutResult(effect.key, new.etag, self.wall())
         if isinstance(effect, Delete):

@@ -89,6 +89,8 @@ class World:
     janitors: tuple[Janitor, ...] = ()
     #: How long a listing is trusted (seconds); None: the protocol's own bound.
     fresh_for: float | None = None
+    #: The server's ETags are not the MD5 of the bytes (see SimS3)
+    opaque_etags: bool = False
 
 
 @st.composite
@@ -165,7 +167,7 @@ def us(delays_us):
 
 def run_world(w: World) -> tuple[SimS3, dict[str, dict[str, str]]]:
     """Run everyone; returns the server and {key: {believer: token}}."""
-    sim = SimS3(if_none_match=False, if_match=w.if_match)
+    sim = SimS3(if_none_match=False, if_match=w.if_match, opaque_etags=w.opaque_etags)
     caps = Capabilities(if_none_match=False, if_match=w.if_match)
     for key in w.stale:
         body = LeaseBody.new("old", key, ORIGIN, VISIBILITY).encode()

@@ -28,6 +28,7 @@ import attrs
 
 from ..encoding import canonical_json, iso, md5_hex
 from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound, StorageError
+from ..storage.base import PutResult
 from .effects import Delete, Head, List, Now, Parallel, Protocol, Put, Sleep
 
 Strategy = Literal["conditional_write", "csprng_verify"]
@@ -93,8 +94,16 @@ class LeaseBody:
 
     @property
     def token(self) -> str:
-        """The ETag the server will give these bytes."""
+        """The ETag most servers give these bytes (their MD5). Only a fallback: with
+        SSE-KMS or some gateways the ETag is not the MD5, so a write's token is the
+        ETag its answer carries (:func:`_token_of`)."""
         return md5_hex(self.encode())
+
+
+def _token_of(result: PutResult, body: LeaseBody) -> str:
+    """Our token for a lease just written: the ETag the server returned for the PUT,
+    or the MD5 of the bytes if it returned none."""
+    return result.etag or body.token
 
 
 def is_stale(
@@ -128,7 +137,7 @@ def claim_conditional(
         result = yield Put(key, body.encode(), if_none_match=True)
     except ConditionFailed:
         return None
-    token = result.etag or body.token
+    token = _token_of(result, body)
     if confirm is not None:
         yield Sleep(_confirm_delay(confirm))
         if not (yield from _still_ours(key, token)):
@@ -156,10 +165,9 @@ def claim_csprng(
     docs/guarantees.md); returns our token, or None when we lost.
     """
     rng = rng or random.SystemRandom()
-    token = body.token
     if not (yield from _free(key)):
         return None  # someone holds it already: never overwrite a lease blindly
-    yield Put(key, body.encode())
+    token = _token_of((yield Put(key, body.encode())), body)
     return (yield from _verify(settings, rng, token, functools.partial(_kept, key)))
 
 
@@ -232,11 +240,17 @@ def claim_csprng_batch(
     carry its estimate of how crowded they are from one batch to the next.
     ``on_written`` is called with the keys written, before the jitter (a caller may
     start reading what the claims are for while verification waits).
+
+    A key given more than once is claimed once, for its first claim; the others get
+    None (one lease cannot stand for two claims).
     """
     rng = rng or random.SystemRandom()
     fresh = listing_fresh_for(settings) if fresh_for is None else fresh_for
-    size = max(1, group or len(claims))
-    ordered = sorted(claims, key=lambda claim: claim[0])
+    first: dict[str, int] = {}
+    for i, (key, _body) in enumerate(claims):
+        first.setdefault(key, i)
+    ordered = sorted((claims[i] for i in first.values()), key=lambda claim: claim[0])
+    size = max(1, group or len(ordered))
     keys = [key for key, _ in ordered]
     ranges = ranges or KeyRange(prefix)
     taken: set[str] = set()  # held by others in the newest listing
@@ -261,7 +275,7 @@ def claim_csprng_batch(
         if on_written is not None:
             on_written(list(held))
         held = yield from _verify(settings, rng, held, ranges.still_ours)
-    return [held.get(key) for key, _ in claims]
+    return [held.get(key) if first[key] == i else None for i, (key, _) in enumerate(claims)]
 
 
 @attrs.define
@@ -313,10 +327,10 @@ def _put_if_free(key: str, body: LeaseBody, fresh_until: float) -> Protocol[str 
     try:
         if (yield Now()) > fresh_until and not (yield from _free(key)):
             return None
-        yield Put(key, body.encode())
+        result = yield Put(key, body.encode())
     except StorageError:
         return None
-    return body.token
+    return _token_of(result, body)
 
 
 def _still_ours(key: str, token: str) -> Protocol[bool]:
@@ -359,14 +373,14 @@ def refresh(
             result = yield Put(key, body.encode(), if_match=token)
         except ConditionFailed:
             raise LeaseLostError(body.message_id, "refresh found another lease") from None
-        return result.etag or body.token
+        return _token_of(result, body)
     if not (yield from _still_ours(key, token)):
         raise LeaseLostError(body.message_id, "refresh found another lease")
-    yield Put(key, body.encode())
+    new = _token_of((yield Put(key, body.encode())), body)
     yield Sleep(_confirm_delay(settings or CsprngSettings()))
-    if not (yield from _still_ours(key, body.token)):
+    if not (yield from _still_ours(key, new)):
         raise LeaseLostError(body.message_id, "lease overwritten during refresh")
-    return body.token
+    return new
 
 
 def release(key: str, token: str, caps: Capabilities) -> Protocol[bool]:

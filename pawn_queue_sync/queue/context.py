@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import attrs
 
 from ..clock import Clock
-from ..config import PawnQueueConfig
+from ..config import FENCE_MARGIN_FRACTION, FENCE_MARGIN_MIN_SECONDS, PawnQueueConfig
 from ..errors import ObjectNotFound, TopicNotFoundError
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
@@ -29,10 +30,17 @@ class Context:
     _known_topics: set[str] = attrs.field(factory=set, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _pools: dict[str, ThreadPoolExecutor] = attrs.field(factory=dict, init=False)
+    #: name -> the workers its pool was built with
+    _sizes: dict[str, int] = attrs.field(factory=dict, init=False)
+    #: pools replaced by larger ones: still serving whoever holds them, shut at close()
+    _retired: list[ThreadPoolExecutor] = attrs.field(factory=list, init=False)
     _pools_pid: int = attrs.field(factory=os.getpid, init=False)
     _last_ts: datetime = attrs.field(
         factory=lambda: datetime.min.replace(tzinfo=timezone.utc), init=False
     )
+
+    def __attrs_post_init__(self) -> None:
+        _CONTEXTS.add(self)
 
     @property
     def strategy(self) -> str:
@@ -56,18 +64,25 @@ class Context:
     def fence_margin(self) -> float:
         """How long before its visibility timeout a lease stops counting as safely
         ours without asking the server again."""
-        return max(2.0, 0.2 * self.visibility)
+        return max(FENCE_MARGIN_MIN_SECONDS, FENCE_MARGIN_FRACTION * self.visibility)
 
     def pool(self, name: str, workers: int) -> ThreadPoolExecutor:
-        """A named, lazily built thread pool of this process (never one from before a fork)."""
+        """A named, lazily built thread pool of this process (never one from before a
+        fork) with at least ``workers`` threads: the largest ever asked for. A call
+        asking for more than the pool has replaces it with a larger one; the old one
+        keeps running what it was given (and what a holder still submits to it) and is
+        shut down with the context."""
         with self._lock:
             if self._pools_pid != os.getpid():
-                self._pools = {}  # the parent's threads do not exist here
-                self._pools_pid = os.getpid()
+                self._pools, self._sizes, self._retired = {}, {}, []  # not ours: the
+                self._pools_pid = os.getpid()  # parent's threads do not exist here
             pool = self._pools.get(name)
-            if pool is None:
+            if pool is None or self._sizes[name] < workers:
+                if pool is not None:
+                    self._retired.append(pool)
                 pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"pawnq-{name}")
                 self._pools[name] = pool
+                self._sizes[name] = workers
             return pool
 
     def next_timestamp(self, when: datetime | None = None) -> datetime:
@@ -103,8 +118,24 @@ class Context:
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = self._pools, {}
+            pools = [*self._pools.values(), *self._retired]
+            self._pools, self._sizes, self._retired = {}, {}, []
             same_process = self._pools_pid == os.getpid()
         if same_process:
-            for pool in pools.values():
+            for pool in pools:
                 pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: Every live context, so a forked child can give them fresh locks.
+_CONTEXTS: weakref.WeakSet[Context] = weakref.WeakSet()
+
+
+def _reset_locks_after_fork() -> None:
+    """In a forked child only the forking thread exists: a lock another thread held at
+    the fork would stay held forever, so every context gets a fresh one."""
+    for ctx in list(_CONTEXTS):
+        ctx._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_after_fork)

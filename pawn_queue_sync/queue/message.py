@@ -40,6 +40,8 @@ class Message:
     state: State = "leased"
     _consumer: Consumer | None = attrs.field(default=None, repr=False, alias="consumer")
     _lock: threading.RLock = attrs.field(factory=threading.RLock, repr=False, init=False)
+    #: an ack of this message is under way: refreshes, nacks and releases stand aside
+    _settling: bool = attrs.field(default=False, repr=False, init=False)
 
     @property
     def created_at_datetime(self) -> datetime | None:
