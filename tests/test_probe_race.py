@@ -211,13 +211,18 @@ def test_the_probe_reports_each_failed_round_and_removes_its_objects() -> None:
     assert all(f"{probe_mod.RACERS} of {probe_mod.RACERS}" in f for f in report.failures)
     assert store.list("").objects == []
     honest = MemoryStore()
-    assert probe_mod.probe(honest) == probe_mod.ProbeReport(True, True, ())
+    assert probe_mod.probe(honest) == probe_mod.ProbeReport((), ())
     assert honest.list("").objects == []
 
 
-def test_a_denied_write_is_store_unavailable_saying_so_and_nothing_is_left() -> None:
+def test_a_denied_write_is_store_unavailable_saying_so_and_nothing_is_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[str] = []
+
     def deny(op: str, key: str) -> None:
-        if op == "put":
+        calls.append(op)
+        if op in ("put", "delete"):
             raise StoreUnavailable("put_object: access denied by s3:x/b (AccessDenied)")
 
     store = MemoryStore(hooks=deny)
@@ -225,6 +230,9 @@ def test_a_denied_write_is_store_unavailable_saying_so_and_nothing_is_left() -> 
         PawnQueue(store=store).setup()
     assert "access denied" in str(info.value)
     assert store.list("").objects == []
+    # nothing was written, so nothing is deleted (read-only credentials could not)
+    assert "delete" not in calls
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_userinfo_is_redacted_from_what_the_probe_says() -> None:

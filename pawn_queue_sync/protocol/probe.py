@@ -57,11 +57,22 @@ _WRONG_ETAG = "0" * 32
 
 @attrs.frozen
 class ProbeReport:
-    """What the probe found: the capabilities, and each check that failed (in words)."""
+    """What the probe found: each check that failed, in words, per header."""
 
-    if_none_match: bool
-    if_match: bool
-    failures: tuple[str, ...] = ()
+    if_none_match_failures: tuple[str, ...] = ()
+    if_match_failures: tuple[str, ...] = ()
+
+    @property
+    def if_none_match(self) -> bool:
+        return not self.if_none_match_failures
+
+    @property
+    def if_match(self) -> bool:
+        return not self.if_match_failures
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        return self.if_none_match_failures + self.if_match_failures
 
     @property
     def caps(self) -> Capabilities:
@@ -96,11 +107,7 @@ def probe(store: Store, *, rounds: int = ROUNDS, racers: int = RACERS) -> ProbeR
                 _cleanup_quietly(store, key)
                 raise
             _remove(store, key, where)
-    return ProbeReport(
-        if_none_match=not inm_failures,
-        if_match=not im_failures,
-        failures=tuple(inm_failures + im_failures),
-    )
+    return ProbeReport(tuple(inm_failures), tuple(im_failures))
 
 
 def _round(
@@ -209,7 +216,14 @@ def _remove(store: Store, key: str, where: str) -> None:
 
 def _cleanup_quietly(store: Store, key: str) -> None:
     """Remove a probe object while another error is on its way out: that error is the
-    one to report, so a failed removal is only logged."""
+    one to report, so a failed removal is only logged. An object never written (a
+    denied write) is not deleted: read-only credentials could not, and need not."""
+    try:
+        store.head(key)
+    except ObjectNotFound:
+        return
+    except StorageError:
+        pass  # cannot tell: try to delete it
     try:
         _remove(store, key, redact(store.describe()))
     except StorageError as exc:
@@ -302,23 +316,26 @@ def capabilities(store: Store, strategy: str) -> Capabilities:
     """
     report, cached = cached_probe(store)
     where = redact(store.describe())
-    failures = "; ".join(report.failures)
-    if strategy == "conditional_write" and not report.if_none_match:
-        raise ProbeError(
-            f"concurrency.strategy is conditional_write, but {where} does not honour "
-            f"If-None-Match under concurrent requests: {failures}; use csprng_verify "
-            "(or auto)"
-        )
     if cached:
         log.debug("capabilities of %s from this process's earlier probe", where)
-    if report.failures:
-        if strategy == "auto" and not report.if_none_match:
+    if not report.if_none_match:
+        failures = "; ".join(report.if_none_match_failures)
+        if strategy == "conditional_write":
+            raise ProbeError(
+                f"concurrency.strategy is conditional_write, but {where} does not honour "
+                f"If-None-Match under concurrent requests: {failures}; use csprng_verify "
+                "(or auto)"
+            )
+        if strategy == "auto":
             log.warning(
                 "%s does not honour conditional writes (%s): falling back to csprng_verify",
                 where, failures,
             )
-        else:
-            log.warning("%s: %s; leases are fenced without If-Match", where, failures)
+    if not report.if_match:
+        log.warning(
+            "%s does not honour If-Match (%s): leases are fenced without it",
+            where, "; ".join(report.if_match_failures),
+        )
     caps = report.caps
     if strategy == "csprng_verify":
         caps = Capabilities(if_none_match=False, if_match=caps.if_match)
