@@ -13,11 +13,15 @@
 
 Run it against the local store (nothing to set up)::
 
-    python examples/orders_pipeline.py --out /tmp/orders-demo
+    python examples/orders_pipeline.py --out /tmp/orders-demo-local
 
 or against S3 with a configuration file (or the PAWNQUEUE_* variables)::
 
-    python examples/orders_pipeline.py --config pawnqueue.yaml --out /tmp/orders-demo
+    python examples/orders_pipeline.py --config pawnqueue.yaml --out /tmp/orders-demo-s3
+
+An output directory belongs to one store: its streaming checkpoint records which
+messages of *that* store's topic were read, so pointed at another store it would read
+nothing. The pipeline refuses an ``--out`` used with another store.
 """
 
 from __future__ import annotations
@@ -73,12 +77,26 @@ def make_validator(config: dict[str, Any]) -> Any:
     return validate
 
 
+def claim_output(out: str, store: str) -> None:
+    """Mark ``out`` as the output of ``store`` (its description, no secrets), or raise
+    ValueError if an earlier run wrote it for another store."""
+    marker = Path(out) / "STORE"
+    if marker.exists() and marker.read_text(encoding="utf-8") != store:
+        raise ValueError(
+            f"{out} holds the output and streaming checkpoint of another store "
+            f"({marker.read_text(encoding='utf-8')}); choose another --out"
+        )
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(store, encoding="utf-8")
+
+
 def run_pipeline(
     spark: SparkSession, config: dict[str, Any], out: str, n_orders: int = 500
 ) -> dict[str, Any]:
     """Run the five steps; returns what each produced (for tests and the summary)."""
     register(spark)
     with PawnQueue.from_config(config) as pq:
+        claim_output(out, pq.store.describe())
         pq.create_topic(ORDERS)
         pq.create_topic(VALID)
     options = spark_options(config)
@@ -147,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        result = run_pipeline(spark, config, out, args.orders)
+        try:
+            result = run_pipeline(spark, config, out, args.orders)
+        except ValueError as exc:
+            print(f"orders_pipeline: {exc}", file=sys.stderr)
+            return 2
         print(f"published {result['published']} orders; validation: {result['checked']}")
         print("revenue by customer:")
         result["revenue"].show(truncate=False)

@@ -571,3 +571,8 @@ def test_example_pipeline(spark: SparkSession, cfg: dict[str, Any], tmp_path: Pa
     assert [r.order_id for r in rejected] == [f"order-{i:05d}" for i in (24, 49, 74, 99)]
     assert all(r.amount == -1.0 and r.delivery_count == 3 for r in rejected)
     assert stats(cfg, "orders") == {"pending": 0, "leased": 0, "dead_letter": 4}
+    # The output belongs to that store: a run on another store must not reuse it (it
+    # once read nothing through the old checkpoint and showed the old tables).
+    other = {"local": {"path": str(tmp_path / "other-store")}}
+    with PawnQueue.from_config(other) as elsewhere, pytest.raises(ValueError, match="another"):
+        module.claim_output(str(tmp_path), elsewhere.store.describe())
