@@ -235,6 +235,17 @@ def test_a_denied_write_is_store_unavailable_saying_so_and_nothing_is_left(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_an_unreachable_store_mid_probe_is_not_called_access_denied() -> None:
+    def down(op: str, key: str) -> None:
+        if op == "put":
+            raise StoreUnavailable("put_object failed: ConnectTimeoutError")
+
+    with pytest.raises(StoreUnavailable) as info:
+        PawnQueue(store=MemoryStore(hooks=down)).setup()
+    assert "ConnectTimeoutError" in str(info.value)
+    assert "access denied" not in str(info.value) and "read-only" not in str(info.value)
+
+
 def test_userinfo_is_redacted_from_what_the_probe_says() -> None:
     assert probe_mod.redact("s3:http://u:p@127.0.0.1:9/b") == "s3:http://***@127.0.0.1:9/b"
     assert probe_mod.redact("s3:https://host/b") == "s3:https://host/b"

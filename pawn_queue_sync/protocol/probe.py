@@ -189,15 +189,16 @@ def _body(kind: str, racer: int) -> bytes:
 
 
 def _denied(exc: StoreUnavailable, where: str) -> StoreUnavailable:
-    """The store refused a probe request: say so, and that the queue must write."""
+    """The store failed a probe request: say where; when it denied a write
+    (AccessDenied), say that the queue must write."""
     text = str(exc)
-    hint = ""
-    if "AccessDenied" in text or "403" in text:
-        hint = (
-            "; the credentials may not write: read-only credentials (or a policy "
-            "without PutObject/DeleteObject) cannot run a queue"
-        )
-    return StoreUnavailable(f"capability probe: access denied by {where} ({text}){hint}")
+    if "AccessDenied" not in text:  # unreachable, wrong secret, no bucket: as it is
+        return StoreUnavailable(f"capability probe on {where} failed: {text}")
+    return StoreUnavailable(
+        f"capability probe: access denied by {where} ({text}); the credentials may "
+        "not write: read-only credentials (or a policy without PutObject/DeleteObject) "
+        "cannot run a queue"
+    )
 
 
 def _remove(store: Store, key: str, where: str) -> None:
