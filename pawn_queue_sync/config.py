@@ -417,7 +417,10 @@ class CsprngVerifyConfig:
     _SECTION: ClassVar[str] = "concurrency.csprng_verify"
 
     jitter_min_ms: int = _int(
-        100, "Least random wait before verifying; must exceed 2x the store's RTT.", ge=0
+        100,
+        "Least random wait before verifying; must exceed the worst one-way request delay "
+        "(client to server or back; see docs/guarantees.md).",
+        ge=0,
     )
     jitter_max_ms: int = _int(400, "Longest random wait before verifying (>= the minimum).", ge=0)
     verify_retries: int = _int(2, "Extra verification reads.", ge=0)

@@ -104,7 +104,7 @@ def test_every_documented_file_is_run() -> None:
     assert set(documented()) <= set(_PARAMS)
 
 
-_PARAMS = ["README.md", "docs/runtime.md", "docs/spark.md"]
+_PARAMS = ["README.md", "docs/api.md", "docs/runtime.md", "docs/spark.md"]
 
 
 @pytest.mark.parametrize("doc", _PARAMS)
@@ -134,3 +134,14 @@ def test_examples_run_as_written(
         f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
     )
     assert "DOCS-TEST OK" in proc.stdout, f"{doc}: the final hidden check did not run"
+
+
+def test_configuration_doc_lists_every_variable_as_the_code_describes_it() -> None:
+    """docs/configuration.md's table holds every row :func:`dump_env_docs` makes, so a
+    setting's description changed in the code cannot go stale in the docs."""
+    from pawn_queue_sync.config import dump_env_docs
+
+    doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    rows = [row for row in dump_env_docs().splitlines() if row.startswith("| `")]
+    assert rows
+    assert [row for row in rows if row not in doc] == []
