@@ -340,3 +340,18 @@ def test_every_exported_error_is_a_pawn_queue_error() -> None:
     ]
     assert len(errors) >= 10
     assert all(issubclass(e, PawnQueueError) for e in errors), errors
+
+
+def test_every_error_of_the_hierarchy_is_exported_from_the_root() -> None:
+    """Errors once importable only from pawn_queue_sync.errors (StoreFull, StoreClosed,
+    ObjectNotFound, ...) are all at the package root, as docs/api.md says."""
+    import pawn_queue_sync.errors as errors_module
+
+    defined = {
+        name
+        for name, obj in vars(errors_module).items()
+        if isinstance(obj, type) and issubclass(obj, PawnQueueError)
+        and obj.__module__ == errors_module.__name__
+    }
+    assert len(defined) >= 20
+    assert sorted(defined - set(pawn_queue_sync.__all__)) == []
