@@ -41,7 +41,8 @@ def _add_arguments(parser: argparse.ArgumentParser, *, config_default: Any) -> N
     parser.add_argument("--config", "-c", default=config_default,
                         help="YAML configuration file (env PAWNQUEUE_* fills the gaps)")
     parser.add_argument("--consumer-name", default="worker",
-                        help="registered consumer name shared by the workers (default: worker)")
+                        help="base of the workers' registered consumer names: worker i "
+                        "registers as NAME/i (default: worker)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight handlers get to finish on stop (default: 30)")
     parser.add_argument("--path", dest="sys_path", action="append", default=[],

@@ -19,6 +19,11 @@ messages, flush acks); a second one, or children still alive ``shutdown_timeout`
 As in dramatiq's CLI, SIGINT and SIGTERM are blocked while a child starts, so a signal
 arriving then waits until the child has installed its handlers instead of killing it
 half-started.
+
+Each child registers a consumer of its own, ``<consumer_name>/<index>``
+(:func:`child_consumer_name`): the registry rank that spreads csprng_verify claims
+counts every child, and a child restarted at an index registers the same name, so the
+same stable id (and its old registry entry).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "WorkerPool",
+    "child_consumer_name",
     "import_handler",
     "HandlerImportError",
     "RET_OK",
@@ -71,6 +77,16 @@ RET_CONFIG = 4
 KILL_GRACE_S = 10.0
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+#: The registry's limit on a consumer name (see queue.registry.register).
+_MAX_NAME = 256
+
+
+def child_consumer_name(consumer_name: str, index: int) -> str:
+    """The consumer name worker ``index`` of a pool named ``consumer_name`` registers:
+    ``"<consumer_name>/<index>"``, the same for every process started at that index."""
+    return f"{consumer_name}/{index}"
 
 
 class HandlerImportError(ImportError):
@@ -110,7 +126,7 @@ class _ChildSpec:
     topics: tuple[str, ...]
     handler: str
     threads: int
-    consumer_name: str
+    consumer_name: str  # this child's own: child_consumer_name(pool's name, index)
     shutdown_timeout: float
     log_level: int
     index: int
@@ -167,6 +183,12 @@ class WorkerPool:
             raise ValueError("processes and threads must be >= 1")
         if start_method == "fork":
             raise ValueError("fork is not fork-safe with boto3 clients: use spawn or forkserver")
+        if (not isinstance(consumer_name, str) or not consumer_name
+                or len(child_consumer_name(consumer_name, processes - 1)) > _MAX_NAME):
+            raise ValueError(
+                f"consumer_name must be a non-empty string; worker i registers as "
+                f"'<consumer_name>/i', at most {_MAX_NAME} characters"
+            )
         self._config_source = config
         self._topics = tuple(topics)
         self._handler = handler
@@ -284,7 +306,7 @@ class WorkerPool:
             topics=self._topics,
             handler=self._handler,
             threads=self._threads,
-            consumer_name=self._consumer_name,
+            consumer_name=child_consumer_name(self._consumer_name, index),
             shutdown_timeout=self._shutdown_timeout,
             log_level=self._log_level,
             index=index,
@@ -419,7 +441,7 @@ def _child_main(spec: _ChildSpec) -> None:
         signal.signal(s, on_signal)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # blocked by the parent at start
     _setup_child_logging(spec.log_level)
-    name = f"{spec.consumer_name}-{spec.index}"
+    name = spec.consumer_name  # ours alone: <pool's consumer_name>/<index>
     try:
         handler = import_handler(spec.handler)
     except HandlerImportError as exc:
