@@ -241,9 +241,9 @@ class S3Store:
         :meth:`_before_retry` say."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+        client = self._client()  # StoreClosed first: the more useful error
         if deadline is not None:
             time_left(deadline, time.monotonic(), op, key)
-        client = self._client()
         self._bounds.current = None if deadline is None else (deadline, op, key)
         try:
             return getattr(client, op)(Bucket=self._bucket, **kwargs)
@@ -294,6 +294,8 @@ class S3Store:
 
         if caught_exception is not None:
             retry = isinstance(caught_exception, BotoCoreError)  # no answer: transport
+        elif response is None:
+            return None
         else:
             http, parsed = response
             error = parsed.get("Error", {}) if isinstance(parsed, dict) else {}
