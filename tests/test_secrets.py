@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -242,3 +243,40 @@ def test_no_credentials_in_logs_during_a_full_cycle(
     assert any("***" in r.getMessage() for r in records if r.name.startswith("botocore")), (
         "botocore logged no masked header: the check above may be vacuous"
     )
+
+
+# --------------------------------------------------------------------------- endpoint URL
+
+URL_SECRET = "pqSync-Url-Pa55word-LEAK"
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "boto3"])
+def test_credentials_inside_the_endpoint_url_never_show(
+    s3_server: S3Server, bucket: str, caplog: pytest.LogCaptureFixture, fast_path: bool
+) -> None:
+    """``http://user:password@host:port``: neither path sends the userinfo, and no repr,
+    log line (botocore's at DEBUG included) or error shows it."""
+    caplog.set_level(logging.DEBUG)
+    parts = urlsplit(s3_server.endpoint_url)
+    endpoint = f"{parts.scheme}://pq-user:{URL_SECRET}@{parts.netloc}"
+    config = secret_config(s3_server, bucket, s3={"endpoint_url": endpoint,
+                                                  "fast_path": fast_path})
+    shown: list[str] = []
+    with PawnQueue.from_config(config) as pq:
+        assert pq.store.fast_path is fast_path
+        pq.create_topic("t")
+        pq.register_producer("p").publish("t", {"n": 1})
+        (msg,) = pq.register_consumer("c", ["t"]).poll()
+        msg.ack()
+        shown += [repr(pq), pq.store.describe(), repr(pq.config), repr(pq.config.redacted_dict())]
+    unreachable = secret_config(s3_server, bucket, s3={
+        "endpoint_url": f"http://pq-user:{URL_SECRET}@127.0.0.1:{closed_port()}",
+        "fast_path": fast_path, "max_attempts": 1, "connect_timeout_seconds": 0.5,
+    })
+    with pytest.raises(StoreUnavailable) as info:
+        PawnQueue.from_config(unreachable).setup()
+    shown += [text for _, text in exception_texts(info.value)]
+    shown += [r.getMessage() for r in caplog.records]
+    assert any(parts.netloc in text for text in shown)
+    for text in shown:
+        assert URL_SECRET not in text
