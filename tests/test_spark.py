@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 
 from pawn_queue_sync import PawnQueue
 from pawn_queue_sync.errors import ConfigError
+from pawn_queue_sync.queue.registry import stable_id
 from pawn_queue_sync.spark import (
     ProcessResult,
     consume_to_dataframe,
@@ -235,6 +236,36 @@ def test_process_topic_retries_then_dead_letters_failures(
     ).collect()
     assert [r.i for r in rows] == [0, 10, 20, 30, 40, 50]
     assert all(r.delivery_count == 3 and "ValueError: cannot handle" in r.reason for r in rows)
+
+
+def test_process_topic_tasks_register_consumers_of_their_own(
+    spark: SparkSession, cfg: dict[str, Any], tmp_path: Path
+) -> None:
+    """Task i registers ``<consumer_name>/i``: tasks running together have ids of
+    their own, so the registry rank that spreads csprng_verify claims counts each."""
+    make_topic(cfg, "named", [{"i": i} for i in range(200)])
+    out = str(tmp_path)
+
+    def handler(msg: Any) -> None:
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()
+        consumer = msg._consumer
+        with open(os.path.join(out, f"{msg.id}.{uuid.uuid4().hex}"), "w") as f:
+            f.write(f"{part} {consumer.name} {consumer.id}")
+
+    result = process_topic(spark, "named", handler, cfg, partitions=2, idle_timeout_s=1.0,
+                           consumer_name="tasks")
+    assert result == ProcessResult(processed=200, failed=0, dead_lettered=0)
+    seen = {tuple((tmp_path / name).read_text().split()) for name in os.listdir(tmp_path)}
+    assert {name for _, name, _ in seen} <= {"tasks/0", "tasks/1"}
+    for part, name, cid in seen:
+        assert name == f"tasks/{part}" and cid == stable_id("consumers", name)
+    with PawnQueue.from_config(cfg) as pq:
+        names = {e.name for e in pq.list_registrations("consumers")}
+    assert names == {"tasks/0", "tasks/1"}  # both tasks registered, each its own name
+    with pytest.raises(ValueError, match="consumer_name"):
+        process_topic(spark, "named", handler, cfg, partitions=2, consumer_name="x" * 255)
 
 
 # -- topic -> DataFrame ---------------------------------------------------------------------------

@@ -212,6 +212,26 @@ class ProcessResult(NamedTuple):
     dead_lettered: int
 
 
+#: The registry's limit on a consumer name (see queue.registry.register).
+_MAX_NAME = 256
+
+
+def task_consumer_name(consumer_name: str, index: int) -> str:
+    """The consumer that task (partition) ``index`` registers: ``"<consumer_name>/<index>"``,
+    so tasks running together have ids of their own (the registry rank that spreads
+    csprng_verify claims counts each), and a retried task reuses its partition's id.
+    The same rule as a WorkerPool's children."""
+    return f"{consumer_name}/{index}"
+
+
+def _check_task_names(consumer_name: str, partitions: int) -> None:
+    """Refuse, on the driver, a base name whose task names the registry would refuse."""
+    if (not isinstance(consumer_name, str) or not consumer_name
+            or len(task_consumer_name(consumer_name, partitions - 1)) > _MAX_NAME):
+        raise ValueError(f"consumer_name must be a non-empty string; task i registers as "
+                         f"'<consumer_name>/i', at most {_MAX_NAME} characters")
+
+
 def process_topic(
     spark: SparkSession,
     topic: str,
@@ -237,13 +257,14 @@ def process_topic(
     """
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
+    _check_task_names(consumer_name, partitions)
     settings = Settings(config)
     with queue_for_driver(settings) as pq:
         pq.context.require_topic(topic)
 
     def run(index: int, _: Iterator[Any]) -> Iterator[tuple[int, int, int]]:
         pq = queue_for(settings)
-        consumer = pq.register_consumer(consumer_name, [topic])
+        consumer = pq.register_consumer(task_consumer_name(consumer_name, index), [topic])
         result = drain(
             consumer,
             handler,
@@ -290,15 +311,16 @@ def consume_to_dataframe(
     """
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
+    _check_task_names(consumer_name, partitions)
     settings = Settings(config)
     with queue_for_driver(settings) as pq:
-        consumer = pq.register_consumer(consumer_name, [topic])
+        consumer = pq.register_consumer(consumer_name, [topic])  # acks on the driver
         visibility = pq.config.polling.visibility_timeout_seconds
         budget = visibility / 2 if max_claim_seconds is None else max_claim_seconds
         job_started = pq.context.clock.monotonic()  # every lease below is younger
 
         def claim(index: int, _: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
-            yield from _claim_rows(settings, topic, consumer_name,
+            yield from _claim_rows(settings, topic, task_consumer_name(consumer_name, index),
                                    share(max_messages, partitions, index),
                                    idle_timeout_s, budget)
 
