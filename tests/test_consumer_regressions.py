@@ -294,8 +294,9 @@ class _AfterDelete(MemoryStore):
         self.watch: str | None = None
         self.deleted = threading.Event()
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        super().delete(key, if_match=if_match)
+    def delete(self, key: str, *, if_match: str | None = None,
+               deadline: float | None = None) -> None:
+        super().delete(key, if_match=if_match, deadline=deadline)
         if key == self.watch:
             self.deleted.set()
 
@@ -389,6 +390,44 @@ def test_a_refresh_during_an_ack_does_nothing(blocked: str) -> None:
     pq.teardown()
 
 
+# -- 8. an ack's DELETE that would land after the fence ------------------------------------
+
+
+def test_an_ack_delete_held_past_the_fence_is_not_sent_and_the_new_holder_keeps_it() -> None:
+    """The ack checks its fence (fresh), then its DELETE is held up (a stalled process,
+    botocore's retries) until the lease is stale and another consumer has taken the
+    message. Before: the DELETE went out anyway and removed the new holder's message.
+    Now no attempt leaves after the fence: the ack fails, the message stays leased
+    (an ack retried later finds the lease taken: lost), and the new holder has it."""
+    clock = JumpClock()
+    b_got: list[Any] = []
+
+    def stall(op: str, key: str) -> None:
+        if op == "delete" and key == watch.get("key") and not b_got:
+            clock.jump(10 + 3)  # stale by the server's clock too
+            b_got.extend(b.poll())
+
+    watch: dict[str, str] = {}
+    pq = memory_queue(store=MemoryStore(clock, hooks=stall), clock=clock,
+                      visibility_timeout_seconds=10, lease_refresh_interval_seconds=5)
+    pq.register_producer("p").publish(TOPIC, {"n": 1})
+    a = pq.register_consumer("a", [TOPIC])
+    b = pq.register_consumer("b", [TOPIC])
+    (msg,) = a.poll()
+    watch["key"] = msg.key
+    with pytest.raises(StorageError, match="not acked"):
+        a.ack(msg)
+    assert msg.state == "leased"
+    assert [m.id for m in b_got] == [msg.id]
+    assert objects(pq, f"{TOPIC}/messages/") == [msg.key]  # the new holder's message
+    with pytest.raises(LeaseLostError):
+        a.ack(msg)
+    assert msg.state == "lost"
+    b_got[0].ack()
+    assert objects(pq, f"{TOPIC}/messages/") == objects(pq, f"{TOPIC}/leases/") == []
+    pq.teardown()
+
+
 # -- 6. lease tokens are the ETags the server returns --------------------------------------------
 
 
@@ -397,7 +436,7 @@ class OpaqueEtags(MemoryStore):
     which ignores conditional headers (so the queue runs csprng_verify without If-Match)."""
 
     def put(self, key: str, body: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> PutResult:
+            if_match: str | None = None, deadline: float | None = None) -> PutResult:
         self._check_key(key)
         self._before("put", key)
         etag = secrets.token_hex(16)
@@ -406,8 +445,9 @@ class OpaqueEtags(MemoryStore):
             self._objects[key] = _Object(bytes(body), etag, now)
         return PutResult(key=key, etag=etag, server_time=now)
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        super().delete(key)
+    def delete(self, key: str, *, if_match: str | None = None,
+               deadline: float | None = None) -> None:
+        super().delete(key, deadline=deadline)
 
 
 @pytest.mark.parametrize("strategy", ["csprng_batch", "csprng_per_key"])

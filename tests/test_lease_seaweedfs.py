@@ -138,10 +138,10 @@ class Scripted:
                 rule.after()
 
     # the storage protocol
-    def put(self, key, body, *, if_none_match=False, if_match=None):
+    def put(self, key, body, *, if_none_match=False, if_match=None, deadline=None):
         return self._call("put", key, if_none_match or if_match is not None,
                           lambda: self.inner.put(key, body, if_none_match=if_none_match,
-                                                 if_match=if_match))
+                                                 if_match=if_match, deadline=deadline))
 
     def get(self, key):
         return self._call("get", key, False, lambda: self.inner.get(key))
@@ -149,14 +149,14 @@ class Scripted:
     def head(self, key):
         return self._call("head", key, False, lambda: self.inner.head(key))
 
-    def delete(self, key, *, if_match=None):
+    def delete(self, key, *, if_match=None, deadline=None):
         return self._call("delete", key, if_match is not None,
-                          lambda: self.inner.delete(key, if_match=if_match))
+                          lambda: self.inner.delete(key, if_match=if_match, deadline=deadline))
 
-    def delete_many(self, keys):
+    def delete_many(self, keys, *, deadline=None):
         keys = list(keys)
         return self._call("delete_many", keys[0] if keys else None, False,
-                          lambda: self.inner.delete_many(keys))
+                          lambda: self.inner.delete_many(keys, deadline=deadline))
 
     def copy(self, src, dst, *, if_none_match=False):
         return self._call("copy", dst, if_none_match,

@@ -623,9 +623,9 @@ def test_acks_are_batched(mem_queue: PawnQueue) -> None:
         requests["delete"] += 1
         delete(key, **kw)
 
-    def counting_delete_many(keys: Any) -> list[str]:
+    def counting_delete_many(keys: Any, **kw: Any) -> list[str]:
         requests["delete_many"] += 1
-        return delete_many(keys)
+        return delete_many(keys, **kw)
 
     store.delete = counting_delete  # type: ignore[method-assign]
     store.delete_many = counting_delete_many  # type: ignore[method-assign]

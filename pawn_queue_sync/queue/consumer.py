@@ -598,17 +598,20 @@ class Consumer:
         their leases; a failed message delete leaves them leased (in ``errors``)."""
         if not msgs:
             return
+        # No attempt (retries included) leaves after the fence of the oldest: each one
+        # is sent while the leases are certainly ours (docs/guarantees.md, Fencing).
+        deadline = min(self._fence_ends(m) for m in msgs)
         try:
-            self._delete([m.key for m in msgs])
-        except StorageError as exc:
+            self._delete([m.key for m in msgs], deadline)
+        except StorageError as exc:  # DeadlineExceeded too: they stay leased
             errors.append(exc)
             return
         with self._lock:  # still our leases until deleted (see _rivals_hold)
             self._releasing.update(m.id for m in msgs)
         for msg in msgs:
             self._settled(msg, "acked")
-        try:
-            self._delete([m.lease_key for m in msgs])
+        try:  # by the same deadline: a late one could remove a new holder's lease
+            self._delete([m.lease_key for m in msgs], deadline)
         except StorageError as exc:  # harmless: orphan leases go stale and are reaped
             log.warning("acked, but could not delete %d lease(s): %s", len(msgs), exc)
         finally:
@@ -635,7 +638,8 @@ class Consumer:
             self._ctx.store.put(
                 layout.dead_letter_key(msg.topic, msg.id), layout.canonical_json(doc)
             )
-            self._ctx.store.delete(msg.key)
+            self._fence(msg)  # the dead-letter write took time
+            self._ctx.store.delete(msg.key, deadline=self._fence_ends(msg))
             self._settled(msg, "nacked")
         self._drop_lease(msg.lease_key, msg.lease_token)
 
@@ -662,7 +666,8 @@ class Consumer:
             if error is not None:
                 doc["last_error"] = error[:2000]
             if_match = msg.etag if self._ctx.caps.if_match and msg.etag else None
-            self._ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match)
+            self._ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match,
+                                deadline=self._fence_ends(msg))
             self._settled(msg, "released")
         self._drop_lease(msg.lease_key, msg.lease_token)
 
@@ -765,7 +770,12 @@ class Consumer:
     def _fresh(self, msg: Message) -> bool:
         """True while our lease is certainly ours: nobody removes a lease before it is
         stale, and this one was written well within a visibility timeout ago."""
-        return self.lease_age(msg) < self._ctx.visibility - self._ctx.fence_margin()
+        return self._ctx.clock.monotonic() < self._fence_ends(msg)
+
+    def _fence_ends(self, msg: Message) -> float:
+        """When (monotonic) our lease stops being certainly ours without asking: the
+        deadline of the requests that act on it (the store sends no attempt after it)."""
+        return msg.lease_written_at + self._ctx.visibility - self._ctx.fence_margin()
 
     def _fence(self, msg: Message) -> None:
         """Make sure the lease is ours before acting: recent enough by the local
@@ -781,11 +791,11 @@ class Consumer:
             if self._inflight.get(msg.id) is msg:
                 del self._inflight[msg.id]
 
-    def _delete(self, keys: list[str]) -> None:
+    def _delete(self, keys: list[str], deadline: float | None = None) -> None:
         if len(keys) == 1:
-            self._ctx.store.delete(keys[0])
+            self._ctx.store.delete(keys[0], deadline=deadline)
             return
-        failed = self._ctx.store.delete_many(keys)
+        failed = self._ctx.store.delete_many(keys, deadline=deadline)
         if failed:
             raise StorageError(f"could not delete {len(failed)} object(s)", key=failed[0])
 

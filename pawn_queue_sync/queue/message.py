@@ -51,6 +51,12 @@ class Message:
             return None
 
     @property
+    def settling(self) -> bool:
+        """True while an ack of this message is under way (it is still ``leased``):
+        a refresh then does nothing, so a lease refresher should leave it alone."""
+        return self._settling
+
+    @property
     def done(self) -> bool:
         """True once the message was acked, nacked, released, or its lease lost."""
         return self.state != "leased"
