@@ -2,7 +2,8 @@
 
 The access key and secret below are fake but distinctive (and include characters that
 need quoting or escaping somewhere), so any leak is found by a plain substring search.
-Both test servers accept any credentials.
+SeaweedFS in the tests checks signatures and knows them as an admin identity
+(tests/servers.py); moto accepts any credentials.
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ from pawn_queue_sync import (
     StoreUnavailable,
     load_config,
 )
-from tests.servers import S3Server, closed_port, config_dict, deep_merge
+from tests.servers import (
+    LEAK_CHECK_ACCESS_KEY,
+    LEAK_CHECK_SECRET_KEY,
+    S3Server,
+    closed_port,
+    config_dict,
+    deep_merge,
+)
 
-ACCESS_KEY = "AKIAPQSYNCLEAKCHECK7"
-SECRET_KEY = "pqSync+Secret/LEAK-check_0123456789abcdefXYZ"
+ACCESS_KEY = LEAK_CHECK_ACCESS_KEY
+SECRET_KEY = LEAK_CHECK_SECRET_KEY
 SECRETS = (ACCESS_KEY, SECRET_KEY)
 
 
