@@ -601,3 +601,30 @@ def test_no_flush_at_all_without_fsync(tmp_path: Path, syncs: list[tuple[str, st
     store.put("a/b.json", b"v")
     store.delete("a/b.json")
     assert syncs == []
+
+
+def test_full_disk_queue_starts_reports_stats_and_acks_held_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new process on a full disk still sets up (the local store is not probed with
+    a write), reports stats and acks what it holds; publishing says the disk is full."""
+    from pawn_queue_sync import PawnQueue, PublishError, StoreFull
+    from pawn_queue_sync.protocol.probe import clear_cache
+
+    config = {"local": {"path": str(tmp_path / "store")}}
+    with PawnQueue.from_config(config) as pq:
+        pq.create_topic("jobs")
+        pq.register_producer("p").publish_batch("jobs", [{"n": i} for i in range(3)])
+        consumer = pq.register_consumer("c", topics=["jobs"])
+        held = consumer.poll()
+        assert len(held) == 3
+        disk = FullDisk(monkeypatch)
+        for msg in held:
+            msg.ack()
+        with pytest.raises(PublishError) as info:
+            pq.register_producer("p").publish("jobs", {"n": 9})
+        assert isinstance(info.value.__cause__, StoreFull) and "disk full" in str(info.value)
+    clear_cache()  # as in a new process: a new worker, or `pawnq topics --stats`
+    with PawnQueue.from_config(config) as pq:
+        assert pq.topic_stats("jobs") == {"pending": 0, "leased": 0, "dead_letter": 0}
+    assert disk.refused  # the publish was refused

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import threading
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
+from ..config import redact_endpoint
 from ..errors import (
     ConditionFailed,
     ObjectNotFound,
@@ -231,12 +231,9 @@ def _cleanup_quietly(store: Store, key: str) -> None:
         log.warning("%s", exc)
 
 
-_USERINFO = re.compile(r"(?<=//)[^/@\s]*@")
-
-
-def redact(text: str) -> str:
-    """``s3:http://user:pass@host/b`` -> ``s3:http://***@host/b``: no userinfo."""
-    return _USERINFO.sub("***@", text)
+#: ``s3:http://user:pass@host/b`` -> ``s3:http://***@host/b``: no userinfo (the one
+#: masking of :mod:`pawn_queue_sync.config`).
+redact = redact_endpoint
 
 
 # -- per process, per store -------------------------------------------------------------------
@@ -283,6 +280,13 @@ if hasattr(os, "register_at_fork"):
 def cached_probe(store: Store) -> tuple[ProbeReport, bool]:
     """The store's probe report, probing only on the first call for this store in this
     process; and whether it came from the cache."""
+    known = getattr(store, "known_conditions", None)
+    if callable(known):  # a store that knows what it enforces (local) is not probed
+        conditions = known()
+        return ProbeReport(
+            () if conditions.if_none_match else ("the store does not enforce If-None-Match",),
+            () if conditions.if_match else ("the store does not enforce If-Match",),
+        ), False
     key = _cache_key(store)
     if key is None:
         return probe(store), False
