@@ -206,6 +206,79 @@ def test_due_leases_are_renewed_closest_to_expiry_first() -> None:
         pq.close()
 
 
+def test_leases_that_aged_in_a_slow_poll_are_renewed_together_before_handlers_start(
+) -> None:
+    """A poll whose reads take 1.2 s returns ten leases older than the refresh
+    interval; they are renewed before their handlers start (0.3 s a renewal). One
+    after another that is 3 s, so the first handlers would start on leases renewed
+    ~2.7 s earlier; together, every handler starts on a lease under an interval old."""
+    def hooks(op: str, key: str) -> None:
+        if op == "get" and "/messages/" in key:
+            time.sleep(1.2)  # simulated slow read
+        elif op == "put" and key.endswith(".lease"):
+            time.sleep(0.3)  # simulated slow write
+
+    # visibility 5 s: a renewal is due after 1 s (the interval), well within the fence
+    pq = memory_queue(hooks, claim_threads=16, visibility_timeout_seconds=5)
+    try:
+        publish(pq, 10)
+        consumer = pq.register_consumer("c", [TOPIC])
+        lock = threading.Lock()
+        ages: list[float] = []
+
+        def handler(msg: Message) -> None:
+            with lock:
+                ages.append(consumer.lease_age(msg))
+
+        listener = Listener(consumer, handler, max_workers=10, max_messages=10)
+        join(run_in_thread(listener.run))
+        assert len(ages) == 10
+        assert max(ages) < 1.0, sorted(ages)
+        assert listener.stats.processed == 10
+    finally:
+        pq.close()
+
+
+def test_a_lease_whose_ack_is_under_way_is_looked_at_again_later_not_in_a_loop(
+    mem_queue_1: tuple[PawnQueue, Any, Message],
+) -> None:
+    """While an ack of a message is under way, refresh() writes nothing (the consumer
+    lets the ack have it). The refresher must then look again after a pause, not
+    call refresh() over and over until the ack ends."""
+    _pq, consumer, msg = mem_queue_1
+    calls: list[float] = []
+    first = threading.Event()
+    refresh = consumer.refresh
+
+    def counting_refresh(m: Message) -> None:
+        calls.append(time.monotonic())
+        first.set()
+        refresh(m)
+
+    consumer.refresh = counting_refresh  # type: ignore[method-assign]
+    msg._settling = True  # an ack of it is under way (as ack_many marks it)
+    msg.lease_written_at -= 2.0  # due now
+    refresher = LeaseRefresher(consumer, interval=1.0)
+    refresher.track(msg)
+    with refresher:
+        assert first.wait(DEADLINE)
+        time.sleep(0.3)  # a spinning refresher calls refresh() thousands of times here
+    assert len(calls) <= 2, len(calls)
+    assert refresher.refreshes == 0  # nothing was renewed
+
+
+@pytest.fixture
+def mem_queue_1() -> Any:
+    """A queue on the memory store and one message claimed by consumer "c"."""
+    pq = memory_queue()
+    try:
+        publish(pq, 1)
+        consumer, [msg] = claim(pq, 1)
+        yield pq, consumer, msg
+    finally:
+        pq.close()
+
+
 # -- 2. a message waiting for its retry keeps its lease -----------------------------------
 
 
@@ -345,9 +418,9 @@ def test_a_refresh_in_flight_when_the_ack_comes_does_not_turn_the_ack_into_a_los
         if lease_key and key == lease_key[0]:
             lease_deleted.set()
 
-    def tracking_delete_many(keys: Any) -> list[str]:
+    def tracking_delete_many(keys: Any, **kw: Any) -> list[str]:
         keys = list(keys)
-        failed = delete_many(keys)
+        failed = delete_many(keys, **kw)
         if lease_key and lease_key[0] in keys:
             lease_deleted.set()
         return failed

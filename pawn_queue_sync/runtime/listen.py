@@ -101,6 +101,15 @@ class ListenerStats:
 SIGNAL_CHECK_S = 1.0
 
 
+def _call(fn: Callable[[Message], object], msg: Message) -> Exception | None:
+    """``fn(msg)``; the exception it raised, or None."""
+    try:
+        fn(msg)
+    except Exception as exc:
+        return exc
+    return None
+
+
 def describe_error(exc: BaseException, limit: int = ERROR_TEXT_LIMIT) -> str:
     """``Type: message`` and the last frames of the traceback, at most ``limit`` chars."""
     head = f"{type(exc).__name__}: {exc}"
@@ -505,24 +514,34 @@ class Listener:
     def _vet(self, msgs: list[Message]) -> list[Message]:
         """Renew now any lease that aged during a slow poll (claims of one poll run in
         parallel and the poll returns when the slowest is done), so no handler starts
-        on a lease that may have expired; drop those found lost."""
+        on a lease that may have expired; drop those found lost. The renewals run
+        together on the claim pool (idle once the poll has returned): one after
+        another, the first renewed would age again while the last waited."""
         ctx = self._consumer.context
         fresh_for = min(self._polling.lease_refresh_interval_seconds,
                         ctx.visibility - ctx.fence_margin())
+        aged = [m for m in msgs if self._consumer.lease_age(m) >= fresh_for]
+        if not aged:
+            return msgs
+        errors: dict[str, Exception | None]
+        if len(aged) == 1:
+            errors = {aged[0].id: _call(self._consumer.refresh, aged[0])}
+        else:
+            pool = ctx.pool("claim", self._polling.claim_threads)
+            futures = {m.id: pool.submit(_call, self._consumer.refresh, m) for m in aged}
+            errors = {mid: f.result() for mid, f in futures.items()}
         kept: list[Message] = []
         for msg in msgs:
-            if self._consumer.lease_age(msg) >= fresh_for:
-                try:
-                    self._consumer.refresh(msg)
-                except LeaseLostError:
-                    with self._cond:
-                        self.stats.lost += 1
-                    log.warning("lease on %s/%s expired during a slow poll; skipped",
-                                msg.topic, msg.id)
-                    continue
-                except Exception as exc:  # keep it: the refresher tries again at once
-                    log.warning("could not renew %s/%s after a slow poll: %s", msg.topic,
-                                msg.id, exc)
+            exc = errors.get(msg.id)
+            if isinstance(exc, LeaseLostError):
+                with self._cond:
+                    self.stats.lost += 1
+                log.warning("lease on %s/%s expired during a slow poll; skipped",
+                            msg.topic, msg.id)
+                continue
+            if exc is not None:  # keep it: the refresher tries again at once
+                log.warning("could not renew %s/%s after a slow poll: %s", msg.topic,
+                            msg.id, exc)
             kept.append(msg)
         return kept
 

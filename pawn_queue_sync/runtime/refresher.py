@@ -43,7 +43,7 @@ __all__ = ["LeaseRefresher"]
 #: After a refresh failed for a transient reason, try again after at most this long.
 _RETRY_AFTER_ERROR_S = 1.0
 
-_Outcome = Literal["renewed", "lost", "settled", "error"]
+_Outcome = Literal["renewed", "skipped", "lost", "settled", "error"]
 
 
 class LeaseRefresher:
@@ -261,6 +261,7 @@ class LeaseRefresher:
     def _renew(self, msg: Message) -> None:
         outcome: _Outcome
         error: Exception | None = None
+        token = msg.lease_token
         try:
             self._consumer.refresh(msg)
         except LeaseLostError as exc:
@@ -270,7 +271,9 @@ class LeaseRefresher:
         except Exception as exc:  # a transient store error must not end the thread
             outcome, error = "error", exc
         else:
-            outcome = "renewed"
+            # refresh() writes nothing while an ack of the message is under way (or
+            # after it): look again shortly rather than at once, so as not to spin
+            outcome = "renewed" if msg.lease_token != token else "skipped"
         with self._lock:
             del self._busy[msg.id]
             mine = self._tracked.get(msg.id) is msg
@@ -278,6 +281,13 @@ class LeaseRefresher:
                 self.refreshes += 1
                 if mine:
                     self._due[msg.id] = msg.lease_written_at + self._interval
+            elif outcome == "skipped":
+                if mine and msg.state == "leased":
+                    self._due[msg.id] = self._clock.monotonic() + min(
+                        _RETRY_AFTER_ERROR_S, self._interval / 2)
+                elif mine:
+                    del self._tracked[msg.id]
+                    self._due.pop(msg.id, None)
             elif outcome == "error":
                 self.errors += 1
                 if mine:
