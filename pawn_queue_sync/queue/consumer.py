@@ -732,12 +732,18 @@ class Consumer:
         *,
         max_workers: int = 4,
         stop_event: threading.Event | None = None,
+        **options: Any,
     ) -> None:
         """Block, handing each message to ``handler`` on a thread pool, until
-        :meth:`stop`, ``stop_event`` or an error. See :mod:`pawn_queue_sync.runtime`."""
+        :meth:`stop`, ``stop_event`` or an error. ``options`` are the
+        :class:`~pawn_queue_sync.runtime.listen.Listener`'s (``shutdown_timeout``,
+        ``max_messages``, ``idle_timeout``, ``install_signal_handlers``, ...); an
+        unknown one is a TypeError. See :mod:`pawn_queue_sync.runtime`."""
         from ..runtime.listen import Listener
 
-        listener = Listener(self, handler, max_workers=max_workers, stop_event=stop_event)
+        listener = Listener(
+            self, handler, max_workers=max_workers, stop_event=stop_event, **options
+        )
         with self._lock:
             self._listener = listener
         try:
