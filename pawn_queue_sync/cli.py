@@ -45,8 +45,7 @@ EXIT_USAGE = 2
 EXIT_STORE_UNREACHABLE = 3
 #: ``worker``: invalid configuration or a missing topic (``RET_CONFIG``).
 EXIT_CONFIG = 4
-#: ``worker``: the handler could not be imported (``RET_IMPORT``, which is 2 inside
-#: the worker pool: mapped here so it is not taken for a usage error).
+#: ``worker``: the handler could not be imported (``RET_IMPORT``).
 EXIT_HANDLER_IMPORT = 5
 #: Interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -423,15 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def worker_exit_status(status: int) -> int:
-    """The ``pawnq worker`` status for a worker pool's ``RET_*`` status: the same,
-    except that a failed handler import is ``EXIT_HANDLER_IMPORT``, not 2 (a usage
-    error). Idempotent."""
-    from .runtime.workers import RET_IMPORT
-
-    return EXIT_HANDLER_IMPORT if status == RET_IMPORT else status
-
-
 def _report(text: str, verbose: bool) -> None:
     """One line on stderr; the traceback of the exception being handled before it
     under ``--verbose``."""
@@ -459,8 +449,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         status = int(args.func(args))
-        if args.command == "worker":
-            status = worker_exit_status(status)
         _emit()  # flush now: a failure at exit would be a traceback and status 120
         return status
     except BrokenPipeError:

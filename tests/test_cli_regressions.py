@@ -296,10 +296,12 @@ def test_worker_handler_import_failure_has_its_own_exit_code(local: Store) -> No
     # the pool's other statuses pass through unchanged, as documented
     from pawn_queue_sync.runtime import workers
 
-    assert (cli.EXIT_ERROR, cli.EXIT_STORE_UNREACHABLE, cli.EXIT_CONFIG) == (
-        workers.RET_KILLED, workers.RET_CONNECT, workers.RET_CONFIG)
-    assert [cli.worker_exit_status(s) for s in (0, 1, workers.RET_IMPORT, 3, 4, 5)] == [
-        0, 1, cli.EXIT_HANDLER_IMPORT, 3, 4, 5]
+    assert (cli.EXIT_OK, cli.EXIT_ERROR, cli.EXIT_STORE_UNREACHABLE, cli.EXIT_CONFIG,
+            cli.EXIT_HANDLER_IMPORT) == (
+        workers.RET_OK, workers.RET_KILLED, workers.RET_CONNECT, workers.RET_CONFIG,
+        workers.RET_IMPORT)
+    assert cli.EXIT_USAGE not in {workers.RET_OK, workers.RET_KILLED, workers.RET_IMPORT,
+                                  workers.RET_CONNECT, workers.RET_CONFIG}
 
 
 def test_exit_codes_are_documented() -> None:

@@ -59,8 +59,8 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run a pool of worker processes calling a handler for each message",
         description="Run PROCESSES worker processes x THREADS threads calling HANDLER for "
         "each message of the topics. SIGTERM/SIGINT: graceful stop; a second one: kill. "
-        "Exit status: 0 ok, 1 killed, 2 handler import failed, 3 store unreachable, "
-        "4 bad configuration or missing topic.",
+        "Exit status: 0 ok, 1 killed, 2 usage error, 3 store unreachable, "
+        "4 bad configuration or missing topic, 5 handler import failed.",
     )
     _add_arguments(parser, config_default=argparse.SUPPRESS)
     parser.set_defaults(func=run_worker)

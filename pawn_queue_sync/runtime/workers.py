@@ -66,8 +66,9 @@ RET_OK = 0
 #: Stopped hard (second signal, or workers outlived the shutdown timeout), or a worker
 #: did not exit cleanly when asked to stop.
 RET_KILLED = 1
-#: The handler could not be imported.
-RET_IMPORT = 2
+#: The handler could not be imported (5, not 2: 2 is argparse's usage error, which
+#: ``pawnq worker`` and ``python -m pawn_queue_sync.runtime.workers`` also exit with).
+RET_IMPORT = 5
 #: The store could not be reached (or refused us) at startup.
 RET_CONNECT = 3
 #: Invalid configuration, or a topic that does not exist.
