@@ -467,7 +467,13 @@ class RegistryConfig:
     heartbeat_interval_seconds: float = _float(
         60.0,
         "How often a busy consumer re-reads the consumer registry (its rank among its "
-        "peers, to spread claims).",
+        "peers, to spread claims), and how often a polling consumer rewrites its registry "
+        "entry (`last_seen`, one PUT per interval at most). A consumer counts as alive in "
+        "the rank while its entry was written within `LIVENESS_HEARTBEATS` = 3 intervals, "
+        "by the server's clock (`pawn_queue_sync.queue.registry`); registering again "
+        "revives it. A consumer that stops polling for that long (say, every handler "
+        "thread busy for minutes) drops out of its peers' count until it polls again: "
+        "that only narrows how claims are spread.",
     )
 
 
