@@ -47,6 +47,9 @@ EXIT_STORE_UNREACHABLE = 3
 EXIT_CONFIG = 4
 #: ``worker``: the handler could not be imported (``RET_IMPORT``).
 EXIT_HANDLER_IMPORT = 5
+#: ``worker``: workers kept failing to start (each died before its first poll), so the
+#: pool gave up (``RET_START_FAILED``).
+EXIT_WORKERS_FAILED_TO_START = 6
 #: Interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 #: Standard output was closed by its reader (``pawnq ... | head``): 128 + SIGPIPE, the
@@ -363,7 +366,7 @@ def _seconds(text: str) -> float:
 _EPILOG = """exit status: 0 ok; 1 failed (one line on stderr; --verbose adds the traceback);
 2 usage error; 141 stdout closed by its reader (| head), quietly; 130 Ctrl-C.
 worker: 1 stopped hard, 3 store unreachable, 4 bad configuration or missing topic,
-5 handler import failed. See README.md, "The CLI"."""
+5 handler import failed, 6 workers kept failing to start. See README.md, "The CLI"."""
 
 
 def build_parser() -> argparse.ArgumentParser:

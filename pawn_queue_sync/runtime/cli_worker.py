@@ -3,6 +3,8 @@
     pawnq worker package.module:function --topic orders [--topic more] \\
         --processes 4 --threads 8 --config config.yaml [--consumer-name NAME]
 
+The handler is imported as ``python -m`` would: the working directory comes first on
+``sys.path`` (after any ``--path DIR``), in the supervisor and in every worker process.
 The exit status is one of the ``RET_*`` codes of :mod:`.workers` (0: stopped
 gracefully). Also runnable as ``python -m pawn_queue_sync.runtime.workers ...``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -25,6 +28,17 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (inf or nan would break the supervisor's waits)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
 
 
@@ -43,10 +57,12 @@ def _add_arguments(parser: argparse.ArgumentParser, *, config_default: Any) -> N
     parser.add_argument("--consumer-name", default="worker",
                         help="base of the workers' registered consumer names: worker i "
                         "registers as NAME/i (default: worker)")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+    parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                         help="seconds in-flight handlers get to finish on stop (default: 30)")
     parser.add_argument("--path", dest="sys_path", action="append", default=[],
-                        metavar="DIR", help="prepend DIR to sys.path to import the handler")
+                        metavar="DIR", help="prepend DIR to sys.path to import the handler "
+                        "(repeatable; the working directory is always importable, after "
+                        "these)")
 
 
 def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -60,7 +76,9 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run PROCESSES worker processes x THREADS threads calling HANDLER for "
         "each message of the topics. SIGTERM/SIGINT: graceful stop; a second one: kill. "
         "Exit status: 0 ok, 1 killed, 2 usage error, 3 store unreachable, "
-        "4 bad configuration or missing topic, 5 handler import failed.",
+        "4 bad configuration or missing topic, 5 handler import failed, 6 workers kept "
+        "failing to start. The handler is imported from the working directory (as with "
+        "python -m) or a --path DIR.",
     )
     _add_arguments(parser, config_default=argparse.SUPPRESS)
     parser.set_defaults(func=run_worker)
@@ -71,8 +89,7 @@ def run_worker(args: argparse.Namespace) -> int:
     """Run the pool described by parsed ``worker`` arguments; the exit status."""
     from .workers import RET_CONFIG, WorkerPool
 
-    for path in reversed(args.sys_path or []):
-        sys.path.insert(0, os.path.abspath(path))
+    _prepend_import_paths(args.sys_path or [])
     config = getattr(args, "config", None)
     try:
         pool = WorkerPool(
@@ -88,6 +105,18 @@ def run_worker(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return RET_CONFIG
     return pool.run()
+
+
+def _prepend_import_paths(dirs: Sequence[str]) -> None:
+    """Make the working directory, and before it each of ``dirs``, importable, as
+    ``python -m`` does for the working directory: a console script's ``sys.path``
+    starts with its own bin directory instead. Spawned workers get this ``sys.path``
+    (multiprocessing passes the parent's to each child)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    for path in reversed(dirs):
+        sys.path.insert(0, os.path.abspath(path))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

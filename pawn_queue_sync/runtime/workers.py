@@ -11,14 +11,23 @@ Before starting children the parent imports the handler (``RET_IMPORT`` if it ca
 and connects once to the store, checking the topics (``RET_CONNECT`` / ``RET_CONFIG``).
 Then it supervises: a child that dies unexpectedly is restarted after a backoff that
 doubles with consecutive crashes (logged and counted in ``restarts``); its leases
-expire and other workers take its messages. The first SIGTERM/SIGINT is relayed to the
-children as a graceful stop (they finish in-flight handlers, release unstarted
-messages, flush acks); a second one, or children still alive ``shutdown_timeout`` +
-``KILL_GRACE_S`` seconds later, stops them hard with SIGKILL.
+expire and other workers take its messages. A child that dies before its first
+successful poll failed to start (its handler import or store connection fails in the
+child although it worked in the parent); after ``max_start_failures``
+(:data:`MAX_START_FAILURES`) such failures in a row at one position the pool gives up:
+it stops the other workers gracefully and returns ``RET_START_FAILED``.
+
+The first SIGTERM/SIGINT is relayed to the children as a graceful stop (they finish
+in-flight handlers, release unstarted messages, flush acks); a second one, or children
+still alive ``shutdown_timeout`` + ``KILL_GRACE_S`` seconds later, stops them hard with
+SIGKILL (counted in ``killed``).
 
 As in dramatiq's CLI, SIGINT and SIGTERM are blocked while a child starts, so a signal
 arriving then waits until the child has installed its handlers instead of killing it
-half-started.
+half-started. Each process (supervisor and children) makes its self-pipe the signal
+wakeup fd: a signal the kernel hands to a thread other than the main one (Ctrl-C sends
+SIGINT to the whole process group while the supervisor relays SIGTERM, so a child gets
+both at once) still wakes the main thread, which is where Python runs the handler.
 
 Each child registers a consumer of its own, ``<consumer_name>/<index>``
 (:func:`child_consumer_name`): the registry rank that spreads csprng_verify claims
@@ -31,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -59,6 +69,8 @@ __all__ = [
     "RET_IMPORT",
     "RET_CONNECT",
     "RET_CONFIG",
+    "RET_START_FAILED",
+    "MAX_START_FAILURES",
 ]
 
 #: Stopped gracefully; every worker exited cleanly.
@@ -73,6 +85,15 @@ RET_IMPORT = 5
 RET_CONNECT = 3
 #: Invalid configuration, or a topic that does not exist.
 RET_CONFIG = 4
+#: Workers kept failing to start (``max_start_failures`` in a row at one position, each
+#: dying before its first successful poll): the pool gave up.
+RET_START_FAILED = 6
+
+#: Default ``max_start_failures``: consecutive start failures of one worker position
+#: after which the pool gives up (``RET_START_FAILED``) instead of restarting forever.
+MAX_START_FAILURES = 5
+#: How often a starting worker looks whether its first poll succeeded.
+_READY_CHECK_S = 0.05
 
 #: Seconds the parent waits beyond ``shutdown_timeout`` before SIGKILLing workers.
 KILL_GRACE_S = 10.0
@@ -142,6 +163,9 @@ class _Slot:
     process: multiprocessing.process.BaseProcess | None = None
     started_at: float = 0.0
     crashes: int = 0  # consecutive quick deaths, for the restart backoff
+    start_failures: int = 0  # consecutive deaths before a first successful poll
+    #: set to 1 by the running process after its first successful poll (shared memory)
+    ready: Any = None
     restart_at: float | None = None
     exitcode: int | None = None  # exit code after a stop request
 
@@ -175,6 +199,7 @@ class WorkerPool:
         install_signal_handlers: bool = True,
         log_level: int | None = None,
         listener_options: Mapping[str, Any] | None = None,
+        max_start_failures: int = MAX_START_FAILURES,
     ) -> None:
         if isinstance(topics, str):
             topics = [topics]
@@ -182,6 +207,18 @@ class WorkerPool:
             raise ValueError("a worker pool needs at least one topic")
         if processes < 1 or threads < 1:
             raise ValueError("processes and threads must be >= 1")
+        for label, value in (("shutdown_timeout", shutdown_timeout),
+                             ("restart_backoff", restart_backoff),
+                             ("restart_backoff_max", restart_backoff_max)):
+            # inf or nan would crash the supervisor's waits (at the first stop request)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(
+                    f"{label} must be a finite number of seconds >= 0, got {value!r}")
+        if isinstance(max_start_failures, bool) or not isinstance(max_start_failures, int) \
+                or max_start_failures < 1:
+            raise ValueError(f"max_start_failures must be an int >= 1, got "
+                             f"{max_start_failures!r}")
         if start_method == "fork":
             raise ValueError("fork is not fork-safe with boto3 clients: use spawn or forkserver")
         if (not isinstance(consumer_name, str) or not consumer_name
@@ -196,9 +233,10 @@ class WorkerPool:
         self._processes = processes
         self._threads = threads
         self._consumer_name = consumer_name
-        self._shutdown_timeout = shutdown_timeout
-        self._restart_backoff = restart_backoff
-        self._restart_backoff_max = restart_backoff_max
+        self._shutdown_timeout = float(shutdown_timeout)
+        self._restart_backoff = float(restart_backoff)
+        self._restart_backoff_max = float(restart_backoff_max)
+        self._max_start_failures = max_start_failures
         self._mp = multiprocessing.get_context(start_method)
         self._install_signals = install_signal_handlers
         self._log_level = log_level if log_level is not None else logging.getLogger().level
@@ -208,8 +246,12 @@ class WorkerPool:
         self._slots: list[_Slot] = []
         self._lock = threading.Lock()
         self._ran = False
+        #: set by the supervisor when a worker position kept failing to start
+        self._gave_up = False
         #: how many times a worker that died unexpectedly was restarted
         self.restarts = 0
+        #: how many worker processes had to be SIGKILLed (0 after a clean stop)
+        self.killed = 0
 
     def __repr__(self) -> str:
         return (
@@ -294,8 +336,11 @@ class WorkerPool:
             self.stop()
 
         previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
+        # A signal handed to another thread wakes the supervisor's wait through this.
+        previous_fd = signal.set_wakeup_fd(self._wakeup.write_fd(), warn_on_full_buffer=False)
 
         def restore() -> None:
+            signal.set_wakeup_fd(previous_fd)
             for s, h in previous.items():
                 signal.signal(s, h)
 
@@ -315,8 +360,9 @@ class WorkerPool:
         )
 
     def _start(self, slot: _Slot) -> None:
+        ready = self._mp.RawValue("b", 0)
         proc = self._mp.Process(
-            target=_child_main, args=(self._spec(slot.index),),
+            target=_child_main, args=(self._spec(slot.index), ready),
             name=f"pawnq-worker-{slot.index}",
         )
         old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -326,6 +372,7 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         with self._lock:
             slot.process = proc
+            slot.ready = ready
             slot.started_at = time.monotonic()
             slot.restart_at = None
             slot.exitcode = None
@@ -344,6 +391,8 @@ class WorkerPool:
         deadline: float | None = None
         while True:
             requests = self._stop_requests
+            if self._gave_up:
+                requests = max(requests, 1)
             if requests >= 2 and not hard:
                 log.warning("second stop request: killing the workers")
                 self._kill_all()
@@ -379,14 +428,17 @@ class WorkerPool:
             waitables.append(self._wakeup._r)
             multiprocessing.connection.wait(waitables, timeout)
             self._wakeup.wait(0)  # drain
-        if hard:
+        if self._gave_up:
+            status = RET_START_FAILED
+        elif hard:
             status = RET_KILLED
         elif any(s.exitcode not in (0, None) for s in self._slots):
             log.error("worker exit codes: %s", [s.exitcode for s in self._slots])
             status = RET_KILLED
         else:
             status = RET_OK
-        log.info("worker pool stopped (status %d, %d restart(s))", status, self.restarts)
+        log.info("worker pool stopped (status %d, %d restart(s), %d worker(s) killed)",
+                 status, self.restarts, self.killed)
         return status
 
     def _reap(self, stopping: bool) -> None:
@@ -405,6 +457,20 @@ class WorkerPool:
                          proc.exitcode)
                 continue
             lived = now - slot.started_at
+            if slot.ready is not None and slot.ready.value:
+                slot.start_failures = 0
+            else:
+                slot.start_failures += 1
+                if slot.start_failures >= self._max_start_failures:
+                    log.error(
+                        "worker %d (pid %s) failed to start %d time(s) in a row (exit code "
+                        "%s; it died before its first successful poll, see its error "
+                        "above): giving up", slot.index, proc.pid, slot.start_failures,
+                        proc.exitcode,
+                    )
+                    self._gave_up = True
+                    self._wakeup.notify()
+                    continue
             slot.crashes = 1 if lived > max(self._restart_backoff_max, 10.0) else slot.crashes + 1
             delay = min(self._restart_backoff * 2 ** (slot.crashes - 1), self._restart_backoff_max)
             slot.restart_at = now + delay
@@ -415,20 +481,25 @@ class WorkerPool:
                 slot.index, proc.pid, proc.exitcode, lived, delay, self.restarts,
             )
 
-    def _signal_all(self, signum: int) -> None:
+    def _signal_all(self, signum: int) -> int:
+        """Send ``signum`` to every live worker; how many were signalled."""
+        sent = 0
         for pid in self.worker_pids().values():
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 os.kill(pid, signum)
+                sent += 1
+        return sent
 
     def _kill_all(self) -> None:
-        self._signal_all(signal.SIGKILL)
+        self.killed += self._signal_all(signal.SIGKILL)
 
 
 # -- the worker process --------------------------------------------------------------------
 
 
-def _child_main(spec: _ChildSpec) -> None:
-    """Entry point of a worker process (runs in a fresh interpreter)."""
+def _child_main(spec: _ChildSpec, ready: Any = None) -> None:
+    """Entry point of a worker process (runs in a fresh interpreter). ``ready`` (shared
+    memory) is set to 1 after the first successful poll: the worker has started."""
     listener: Listener | None = None
     stop_asked = False
 
@@ -457,13 +528,19 @@ def _child_main(spec: _ChildSpec) -> None:
         sys.exit(RET_CONNECT)
     try:
         consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
+        # The listener's own signal handlers make its self-pipe the wakeup fd: a signal
+        # handed to another thread of ours still wakes the main thread's wait (without
+        # it Ctrl-C, SIGINT and the supervisor's SIGTERM at once, was mostly missed).
+        options = {**spec.listener_options, "install_signal_handlers": True}
         listener = Listener(
             consumer, handler, max_workers=spec.threads,
-            shutdown_timeout=spec.shutdown_timeout, name=name, **spec.listener_options,
+            shutdown_timeout=spec.shutdown_timeout, name=name, **options,
         )
         if stop_asked:
             listener.stop()
         _watch_parent(listener)
+        if ready is not None:
+            _report_first_poll(listener, ready)
         listener.run()
     finally:
         if listener is not None and listener.unfinished:
@@ -488,6 +565,19 @@ def _watch_parent(listener: Listener) -> None:
         listener.stop()
 
     threading.Thread(target=watch, name="pawnq-parent-watch", daemon=True).start()
+
+
+def _report_first_poll(listener: Listener, ready: Any) -> None:
+    """Set ``ready`` once the listener has polled successfully (the worker started)."""
+
+    def watch() -> None:
+        while not listener.stopping:
+            if listener.stats.polls:
+                ready.value = 1
+                return
+            time.sleep(_READY_CHECK_S)
+
+    threading.Thread(target=watch, name="pawnq-ready-watch", daemon=True).start()
 
 
 def _setup_child_logging(level: int) -> None:

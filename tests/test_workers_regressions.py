@@ -1,0 +1,268 @@
+"""Regressions of the worker pool (``WorkerPool``, ``pawnq worker``).
+
+Pools here are real: spawn-started children on the embedded local store (shared by
+processes through its directory), or the ``pawnq`` console script of this venv.
+Handlers record deliveries through :mod:`tests.runtime_handlers` (one file per process).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pawn_queue_sync import PawnQueue, cli
+from pawn_queue_sync.cli import main as pawnq_main
+from pawn_queue_sync.runtime import workers
+from pawn_queue_sync.runtime.cli_worker import main as worker_main
+from pawn_queue_sync.runtime.workers import RET_OK, WorkerPool
+from tests import runtime_handlers
+
+REPO = Path(__file__).resolve().parent.parent
+TOPIC = "jobs"
+#: No test waits longer than this for anything: fail, never hang.
+DEADLINE = 90.0
+POLLING = {"interval_seconds": 0.2, "visibility_timeout_seconds": 10, "jitter_max_ms": 20,
+           "lease_refresh_interval_seconds": 2, "max_messages_per_poll": 4}
+
+
+def local_config(path: Path) -> dict[str, Any]:
+    return {"local": {"path": str(path)}, "polling": dict(POLLING)}
+
+
+def open_topic(cfg: dict[str, Any], publish: int = 0) -> tuple[PawnQueue, set[str]]:
+    pq = PawnQueue.from_config(cfg).setup()
+    pq.create_topic(TOPIC)
+    ids: list[str] = []
+    if publish:
+        ids = pq.register_producer("producer").publish_batch(
+            TOPIC, [{"n": i} for i in range(publish)])
+    return pq, set(ids)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll ``predicate`` (reading files other processes write) until true."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def records(directory: Path, event: str) -> Counter[str]:
+    return Counter(mid for evs in runtime_handlers.read_records(str(directory)).values()
+                   for ev, mid in evs if ev == event)
+
+
+# -- 1. Ctrl-C (SIGINT to the process group) stops the pool cleanly ---------------------------
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_ctrl_c_to_the_process_group_stops_the_pool_cleanly(tmp_path: Path, run: int) -> None:
+    """Ctrl-C sends SIGINT to every process of the group, and the supervisor relays
+    SIGTERM: a child receives both at once, and Linux may hand them to any of its
+    threads. Python runs the handler only when the main thread runs Python code, and
+    the child's main thread waited in select() with no timeout and no wakeup fd: it
+    kept claiming until the supervisor SIGKILLed it (exit 1), most runs out of 8."""
+    cfg = local_config(tmp_path / "store")
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    pq, ids = open_topic(cfg, publish=200)
+    try:
+        config_path = tmp_path / "config.yaml"
+        config_path.write_text(yaml.safe_dump(cfg))
+        env = dict(os.environ, PYTHONPATH=str(REPO), PAWNQ_TEST_SLEEP="0.2",
+                   PAWNQ_TEST_RECORD_DIR=str(record_dir))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pawn_queue_sync.runtime.workers",
+             "tests.runtime_handlers:record", "--topic", TOPIC, "--processes", "2",
+             "--threads", "4", "--config", str(config_path), "--shutdown-timeout", "5",
+             "-v"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group, as a shell job has
+        )
+        try:
+            wait_for(lambda: len(records(record_dir, "done")) >= 16, "16 messages handled")
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            out, _ = proc.communicate(timeout=DEADLINE)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == RET_OK, out
+        assert "0 worker(s) killed" in out, out  # no SIGKILL was needed
+        started, done = records(record_dir, "start"), records(record_dir, "done")
+        assert started == done, out  # every handler in flight finished
+        assert max(started.values()) == 1
+        assert pq.topic_stats(TOPIC) == {"pending": 200 - len(done), "leased": 0,
+                                         "dead_letter": 0}, out
+        left = {m.id for m in pq.register_consumer("check", [TOPIC]).poll(200)}
+        assert left == ids - set(done)  # nothing lost, nothing handled left behind
+    finally:
+        pq.close()
+
+
+# -- 2. children that can never start: give up -------------------------------------------------
+
+
+#: A handler module that serves metrics on a fixed port from import time, as apps do
+#: with prometheus_client.start_http_server: the supervisor imports it first (its
+#: preflight) and holds the port, so every worker's import fails with EADDRINUSE.
+METRICS_APP = textwrap.dedent('''
+    import os
+    import socket
+
+    _metrics = socket.socket()
+    _metrics.bind(("127.0.0.1", int(os.environ["METRICS_APP_PORT"])))
+    _metrics.listen()
+
+
+    def handle(msg):
+        pass
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_children_that_never_start_make_the_pool_give_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler imports in the supervisor but not in its workers: each worker
+    exited at import and was restarted forever, and the pool (until stopped) exited 0
+    having consumed nothing. Now it gives up after MAX_START_FAILURES start failures
+    in a row with RET_START_FAILED."""
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "metrics_app_handlers.py").write_text(METRICS_APP)
+    monkeypatch.syspath_prepend(str(app_dir))  # spawn gives the children our sys.path
+    monkeypatch.setenv("METRICS_APP_PORT", str(free_port()))
+    cfg = local_config(tmp_path / "store")
+    pq, _ = open_topic(cfg, publish=10)
+    try:
+        pool = WorkerPool(cfg, [TOPIC], "metrics_app_handlers:handle", processes=2,
+                          threads=1, restart_backoff=0.05, restart_backoff_max=0.2)
+        statuses: list[int] = []
+        runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
+        runner.start()
+        runner.join(60)
+        if runner.is_alive():
+            restarts = pool.restarts
+            pool.stop()
+            runner.join(DEADLINE)
+            pytest.fail(f"the pool was still restarting workers after 60 s "
+                        f"({restarts} restarts), statuses {statuses}")
+        assert statuses == [workers.RET_START_FAILED]
+        assert pool.restarts >= workers.MAX_START_FAILURES - 1
+        assert pq.topic_stats(TOPIC)["pending"] == 10
+    finally:
+        sys.modules.pop("metrics_app_handlers", None)  # closes the port with the module
+        pq.close()
+
+
+def test_start_failed_status_is_a_documented_cli_exit_code() -> None:
+    RET_START_FAILED = workers.RET_START_FAILED
+    assert RET_START_FAILED not in (0, 1, 2, 3, 4, 5)
+    assert cli.EXIT_WORKERS_FAILED_TO_START == RET_START_FAILED
+    readme = (REPO / "README.md").read_text()
+    assert f"| {RET_START_FAILED} | `EXIT_WORKERS_FAILED_TO_START` |" in readme
+    runtime_doc = (REPO / "docs" / "runtime.md").read_text()
+    assert "RET_START_FAILED" in runtime_doc
+
+
+# -- 3. --shutdown-timeout must be a finite, non-negative number -------------------------------
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_worker_pool_refuses_a_shutdown_timeout_that_is_not_finite(value: float) -> None:
+    """inf/nan used to be accepted and crash the supervisor at the first SIGTERM
+    (a wait with an infinite or NaN timeout)."""
+    with pytest.raises(ValueError, match="shutdown_timeout"):
+        WorkerPool({"local": {"path": "/nonexistent"}}, [TOPIC],
+                   "tests.runtime_handlers:record", shutdown_timeout=value)
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "-1", "-inf"])
+def test_cli_refuses_a_shutdown_timeout_that_is_not_finite(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for run in (lambda a: worker_main(a), lambda a: pawnq_main(["worker", *a])):
+        with pytest.raises(SystemExit) as exc:
+            run(["tests.runtime_handlers:record", "--topic", TOPIC,
+                 f"--shutdown-timeout={text}"])
+        assert exc.value.code == cli.EXIT_USAGE
+        assert "--shutdown-timeout" in capsys.readouterr().err
+
+
+# -- 4. pawnq worker imports handlers from the working directory -------------------------------
+
+
+MYAPP_HANDLERS = textwrap.dedent('''
+    import os
+
+
+    def handle(msg):
+        path = os.path.join(os.environ["MYAPP_OUT"], f"{msg.id}.{os.getpid()}")
+        with open(path, "w"):
+            pass
+''')
+
+
+def test_pawnq_worker_imports_the_handler_from_the_working_directory(tmp_path: Path) -> None:
+    """``pawnq worker myapp.handlers:handle`` from the project directory failed with
+    "No module named 'myapp'": the console script does not put the working directory
+    on sys.path, as ``python -m`` does. Two spawn-started workers must import it too."""
+    project = tmp_path / "project"
+    (project / "myapp").mkdir(parents=True)
+    (project / "myapp" / "__init__.py").write_text("")
+    (project / "myapp" / "handlers.py").write_text(MYAPP_HANDLERS)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    cfg = local_config(tmp_path / "store")
+    (project / "config.yaml").write_text(yaml.safe_dump(cfg))
+    pq, ids = open_topic(cfg, publish=40)
+    pawnq = Path(sys.executable).parent / "pawnq"
+    assert pawnq.exists(), pawnq
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["MYAPP_OUT"] = str(out_dir)
+    try:
+        proc = subprocess.Popen(
+            [str(pawnq), "-v", "worker", "myapp.handlers:handle", "--topic", TOPIC,
+             "--config", "config.yaml", "--processes", "2", "--threads", "2"],
+            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            wait_for(lambda: proc.poll() is not None
+                     or {n.split(".")[0] for n in os.listdir(out_dir)} >= ids,
+                     "every message handled")
+            wait_for(lambda: proc.poll() is not None
+                     or pq.topic_stats(TOPIC)["pending"] == 0, "every message acked")
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=DEADLINE)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == RET_OK, out
+        handled = [n.split(".") for n in os.listdir(out_dir)]
+        assert {mid for mid, _ in handled} == ids
+        assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}
+    finally:
+        pq.close()
