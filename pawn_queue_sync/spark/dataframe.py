@@ -23,6 +23,7 @@ from ..errors import LeaseLostError, PayloadError, PublishError
 from ..queue.core import PawnQueue
 from ..queue.message import Message
 from ..runtime.drain import drain
+from ..runtime.refresher import LeaseRefresher
 from ._common import (
     MESSAGE_COLUMNS,
     ConfigSource,
@@ -304,7 +305,9 @@ def consume_to_dataframe(
     ``max_claim_seconds`` (default: half the visibility timeout) have passed, and
     return them to the driver. The driver builds the DataFrame from those rows (it is never
     recomputed from the queue), calls ``before_ack(df)`` if given (e.g. write it
-    somewhere durable), and only then acks the messages. If a task fails, or
+    somewhere durable), and only then acks the messages. From the moment the rows are
+    back until the ack, the driver renews their leases, so a long ``before_ack`` does
+    not let other consumers take them. If a task fails, or
     ``before_ack`` raises, the messages are not acked: they reappear once their lease
     expires or is released (at-least-once). Without ``before_ack`` the messages leave
     the queue when this function returns, so persist the DataFrame.
@@ -334,20 +337,34 @@ def consume_to_dataframe(
             )
             for c in claimed
         ]
-        rows = [(c[0], c[1], c[2], parse_time(c[3]), c[4]) for c in claimed]
-        df = spark.createDataFrame(rows, MESSAGE_COLUMNS)
-        if before_ack is not None:
-            try:
-                before_ack(df)
-            except BaseException:
-                for msg in msgs:
-                    consumer.release(msg)
-                raise
+        # The leases are as old as the claims (up to the claim budget) and nothing in
+        # the executors renews them any more: the driver holds the tokens now, so it
+        # renews them until they are acked or released, however long before_ack runs.
+        refresher = LeaseRefresher(
+            consumer, pq.config.polling.lease_refresh_interval_seconds,
+            name=f"pawnq-spark-refresher-{topic}",
+        )
+        for msg in msgs:
+            refresher.track(msg)
+        refresher.start()
         try:
-            consumer.ack_many(msgs)
-        except LeaseLostError as exc:
-            log.warning("consume_to_dataframe(%r): %s; those may be delivered again",
-                        topic, exc)
+            rows = [(c[0], c[1], c[2], parse_time(c[3]), c[4]) for c in claimed]
+            df = spark.createDataFrame(rows, MESSAGE_COLUMNS)
+            if before_ack is not None:
+                try:
+                    before_ack(df)
+                except BaseException:
+                    refresher.stop()  # no renewal may land after a release
+                    for msg in msgs:
+                        consumer.release(msg)
+                    raise
+            try:
+                consumer.ack_many(msgs)  # an ack waits for a renewal of its message
+            except LeaseLostError as exc:
+                log.warning("consume_to_dataframe(%r): %s; those may be delivered again",
+                            topic, exc)
+        finally:
+            refresher.stop()
     log.info("consume_to_dataframe(%r): %d messages", topic, len(rows))
     return df
 

@@ -1,0 +1,53 @@
+"""Regressions of pawn_queue_sync.spark, on SeaweedFS with the local Spark session of
+tests/test_spark.py (its fixtures are imported from there)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pawn_queue_sync import PawnQueue
+from pawn_queue_sync.spark import consume_to_dataframe
+from tests.servers import S3Server, config_dict
+from tests.test_spark import FAST_POLLING, make_topic, spark, stats
+
+__all__ = ["spark"]  # the session fixture, shared with tests/test_spark.py
+
+pytestmark = pytest.mark.spark
+
+
+def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
+    spark: SparkSession, real_s3: S3Server, real_bucket: str
+) -> None:
+    """The executors claim under leases and the driver acks after ``before_ack``:
+    nothing renewed the leases in between, so a ``before_ack`` longer than the
+    visibility timeout let another consumer take the messages (and the driver's ack
+    then failed, the messages delivered twice). The driver now renews them."""
+    visibility = 3.0
+    cfg = config_dict(real_s3, real_bucket, polling={
+        **FAST_POLLING, "visibility_timeout_seconds": visibility,
+        "lease_refresh_interval_seconds": 0.5})
+    make_topic(cfg, "slow-sink", [{"i": i} for i in range(30)])
+    stolen: list[str] = []
+    seen_rows: list[int] = []
+
+    def slow_sink(df: Any) -> None:
+        seen_rows.append(df.count())
+        # Another consumer polls for three visibility timeouts while the sink works.
+        with PawnQueue.from_config(cfg) as pq:
+            other = pq.register_consumer("other", ["slow-sink"])
+            until = time.monotonic() + 3 * visibility
+            while time.monotonic() < until:
+                got = other.poll(30)
+                stolen.extend(m.id for m in got)  # never acked: the driver's to settle
+                time.sleep(0.2)
+
+    df = consume_to_dataframe(spark, "slow-sink", cfg, max_messages=30, partitions=2,
+                              idle_timeout_s=0.5, before_ack=slow_sink)
+    assert seen_rows == [30]
+    assert stolen == []
+    assert len({r.id for r in df.collect()}) == 30
+    assert stats(cfg, "slow-sink") == {"pending": 0, "leased": 0, "dead_letter": 0}
