@@ -1,7 +1,8 @@
 """Running consumers: lease refresh, thread-pool listening, worker processes, and
 :func:`drain` for embedders such as Spark tasks.
 
-- :class:`LeaseRefresher`: one thread renewing the leases of messages in hand;
+- :class:`LeaseRefresher`: renews the leases of messages in hand, on up to
+  ``polling.claim_threads`` threads of its own (one per lease tracked, up to that);
 - :class:`Listener`: a poll thread feeding a bounded thread pool (behind
   :meth:`Consumer.listen <pawn_queue_sync.Consumer.listen>`);
 - :func:`drain`: consume until idle, join everything, return :class:`DrainResult`;

@@ -17,7 +17,10 @@ Threads of one :class:`Listener` (all joined before :meth:`Listener.run` returns
 * the **settler thread** batches acks into ``consumer.ack_many`` (flushed every
   ``ack_flush_interval`` seconds or ``ack_batch_size`` messages, and on stop: two
   DeleteObjects per batch instead of two DELETEs per message) and runs retries whose
-  backoff has elapsed. A message waiting for its retry keeps its lease but no worker;
+  backoff has elapsed. A message waiting for its retry keeps its lease but no worker.
+  It also gives up on handlers running past ``handler_timeout_seconds`` (their leases
+  are no longer renewed; see :class:`Listener`). A failed ack is retried after a store
+  error only; any other exception is logged with its traceback and the batch given up;
 * the **lease refresher** renews every held lease (running handlers, pending acks,
   pending retries), on up to ``polling.claim_threads`` threads, closest to expiry first,
   so no message being worked on is redelivered and a retry's backoff never outlives its
@@ -50,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..errors import LeaseLostError, PawnQueueError
+from ..errors import LeaseLostError, PawnQueueError, StorageError
 from .refresher import LeaseRefresher
 
 if TYPE_CHECKING:
@@ -81,8 +84,15 @@ class ListenerStats:
     handler raised and the message went back for a retry; ``dead_lettered``: the
     handler raised on the last allowed delivery (or nacked the message itself);
     ``lost``: not settled by us, so it will be redelivered: the lease was taken over,
-    or the ack was refused (LeaseLostError) or given up after store errors;
-    ``released``: given back unhandled (at stop), or released by the handler."""
+    or the ack was refused (LeaseLostError), given up after store errors, or failed
+    with an unexpected (non-store) error; ``released``: given back unhandled (at stop),
+    or released by the handler.
+
+    ``timed_out``: handler calls that ran past ``handler_timeout_seconds`` (their
+    leases were abandoned, see :class:`Listener`); such a message is also counted as
+    whatever it ends as once its handler returns. ``stuck``: handlers running past
+    their timeout right now (a gauge, not a total). ``ack_errors``: failed ack
+    batches (each is retried after a store error, given up after any other)."""
 
     processed: int = 0
     failed: int = 0
@@ -95,6 +105,18 @@ class ListenerStats:
     claimed: int = 0
     ack_batches: int = 0
     ack_errors: int = 0
+    timed_out: int = 0
+    stuck: int = 0
+
+
+@attrs.define(eq=False)
+class _Run:
+    """A handler call under way: when it began, when to look at it next, and whether
+    it has run past the handler timeout."""
+
+    started: float
+    check_at: float
+    timed_out: bool = False
 
 
 #: How often the main thread of a listener with signal handlers looks at its stop flag.
@@ -172,6 +194,21 @@ class Listener:
     several messages). ``retry_backoff`` doubles per delivery up to
     ``retry_backoff_max``. ``shutdown_timeout``: how long running handlers get at stop;
     one still running then is abandoned (``unfinished``), its lease left to expire.
+
+    ``handler_timeout_seconds`` (None: no limit): a handler call running longer is
+    given up on. Its lease is no longer renewed and is left to expire (not released:
+    the thread may still finish, and its ack then succeeds if nobody took the message
+    meanwhile, or raises LeaseLostError, deleting nothing, if someone did; releasing
+    would hand the message to another consumer at once, while the work is still under
+    way). It counts in ``stats.timed_out`` and ``stats.stuck`` and is logged as a
+    warning naming the message and how long the handler has run (again at 2x, 4x, ...
+    the timeout while it runs on). Python cannot stop a thread: a stuck handler keeps
+    its worker slot until it returns, so no more than ``max_workers`` threads ever run
+    handlers; a listener whose every slot is stuck consumes nothing (see
+    ``stats.stuck``, :meth:`stuck_handlers`). Stuck handlers do not keep the listener
+    busy: ``idle_timeout`` and ``max_messages`` stop it past them, and the shutdown
+    does not wait for them (they count in ``unfinished``). A handler that returns
+    late is settled as usual (a failure is recorded at once, without backoff).
     """
 
     def __init__(
@@ -191,6 +228,7 @@ class Listener:
         retry_backoff_max: float = 30.0,
         install_signal_handlers: bool = False,
         name: str | None = None,
+        handler_timeout_seconds: float | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
@@ -198,6 +236,9 @@ class Listener:
             raise ValueError(f"max_messages must be >= 0, got {max_messages!r}")
         if not 1 <= ack_batch_size <= 1000:  # DeleteObjects takes at most 1,000 keys
             raise ValueError(f"ack_batch_size must be in 1..1000, got {ack_batch_size!r}")
+        if handler_timeout_seconds is not None and not handler_timeout_seconds > 0:
+            raise ValueError(f"handler_timeout_seconds must be > 0 or None, got "
+                             f"{handler_timeout_seconds!r}")
         self._consumer = consumer
         self._handler = handler
         self._max_workers = max_workers
@@ -210,6 +251,7 @@ class Listener:
         self._poll_coalesce = poll_coalesce
         self._retry_backoff = retry_backoff
         self._retry_backoff_max = retry_backoff_max
+        self._handler_timeout = handler_timeout_seconds
         self._install_signals = install_signal_handlers
         self._name = name or consumer.name
         polling = consumer.context.config.polling
@@ -231,6 +273,8 @@ class Listener:
         self._claimed = 0  # toward max_messages
         self._idle_at_reserve = False  # nothing was in hand when the current poll began
         self._futures: dict[Future[None], Message] = {}
+        #: handler calls under way (under _cond), watched by the settler for the timeout
+        self._running: dict[Message, _Run] = {}
         self._acks: list[Message] = []
         self._acks_since = 0.0
         self._ack_retry_at = 0.0
@@ -276,6 +320,13 @@ class Listener:
     @property
     def refresher(self) -> LeaseRefresher:
         return self._refresher
+
+    def stuck_handlers(self) -> dict[str, float]:
+        """Handlers running past ``handler_timeout_seconds`` now: message id -> seconds
+        since the handler was called (for health checks)."""
+        now = time.monotonic()
+        with self._cond:
+            return {m.id: now - r.started for m, r in self._running.items() if r.timed_out}
 
     def run(self) -> None:
         """Consume until stopped; every thread started here is joined before return."""
@@ -358,7 +409,10 @@ class Listener:
         if self._poll_thread is not None:
             self._poll_thread.join()  # at most one poll in flight (store timeouts bound it)
         with self._cond:
-            running = list(self._futures)
+            # handlers past their timeout were given up on already: not waited for
+            abandoned = {f for f, m in self._futures.items()
+                         if (r := self._running.get(m)) is not None and r.timed_out}
+            running = [f for f in self._futures if f not in abandoned]
         if running:
             log.info("listener %s: waiting up to %.1f s for %d handler(s)", self._name,
                      max(deadline - time.monotonic(), 0.0), len(running))
@@ -366,6 +420,12 @@ class Listener:
                                                             0.0))
         else:
             not_done = set()
+        abandoned = {f for f in abandoned if not f.done()}
+        if abandoned:
+            with self._cond:
+                ids = [self._futures[f].id for f in abandoned if f in self._futures]
+            log.warning("listener %s: %d handler(s) past handler_timeout_seconds still "
+                        "running; not waited for: %s", self._name, len(ids), ", ".join(ids))
         if not_done:
             with self._cond:
                 stuck = [self._futures[f] for f in not_done if f in self._futures]
@@ -376,7 +436,8 @@ class Listener:
             )
             for msg in stuck:
                 self._refresher.untrack(msg)
-            self.unfinished = len(not_done)
+        self.unfinished = len(not_done) + len(abandoned)
+        not_done = set(not_done) | abandoned
         with self._cond:
             self._settler_closing = True
             self._cond.notify_all()
@@ -415,7 +476,7 @@ class Listener:
                 )
                 room = self._capacity - self._held
                 if budget <= 0:
-                    if self._held == 0:
+                    if self._live() == 0:
                         log.info("listener %s: handled max_messages=%d", self._name,
                                  self._max_messages)
                         self.stop()
@@ -432,12 +493,17 @@ class Listener:
                         if now < coalesce_until:
                             self._cond.wait(coalesce_until - now)
                             continue
-                    self._idle_at_reserve = self._held == 0
+                    self._idle_at_reserve = self._live() == 0
                     self._free -= n
                     self._held += n
                     self._claimed += n
                     return n
                 self._cond.wait()
+
+    def _live(self) -> int:
+        """(Under _cond.) Messages in hand that keep the listener busy: all but those
+        whose handlers ran past their timeout (given up on; they may never return)."""
+        return self._held - self.stats.stuck
 
     def _unreserve(self, n: int) -> None:
         if n:
@@ -489,7 +555,7 @@ class Listener:
                     # Only a poll that began with nothing in hand proves idleness: while
                     # our acks run, a listing may show messages that vanish before the
                     # claim, and such a poll comes back empty with more to come.
-                    busy = self._held > 0 or not self._idle_at_reserve
+                    busy = self._live() > 0 or not self._idle_at_reserve
                 wait = empty_wait + self._rng.uniform(0, self._polling.jitter_max_ms / 1000.0)
                 if self._idle_timeout is not None:
                     if busy:
@@ -587,7 +653,8 @@ class Listener:
         try:
             self._consumer.release(msg)
         except Exception as exc:  # its lease will expire and it will be redelivered
-            log.warning("could not release %s/%s: %s", msg.topic, msg.id, exc)
+            log.warning("could not release %s/%s: %s", msg.topic, msg.id, exc,
+                        exc_info=not isinstance(exc, PawnQueueError))
             return
         with self._cond:
             self.stats.released += 1
@@ -617,13 +684,17 @@ class Listener:
     def _handle(self, msg: Message) -> bool:
         """Run the handler and settle; True if the message was handed to the settler
         (ack queued or retry scheduled), which then finishes it."""
+        self._begin_run(msg)
         try:
             self._handler(msg)
         except Exception as exc:
-            return self._on_failure(msg, exc)
+            late = self._end_run(msg)
+            return self._on_failure(msg, exc, late=late)
         except BaseException:
+            self._end_run(msg)
             self._release(msg)
             raise
+        self._end_run(msg)
         state = msg.state
         if state == "leased":
             self._queue_ack(msg)  # counted processed once the ack has succeeded
@@ -641,7 +712,72 @@ class Listener:
                     self.stats.released += 1
         return False
 
-    def _on_failure(self, msg: Message, exc: Exception) -> bool:
+    def _begin_run(self, msg: Message) -> None:
+        """Note the handler call starting (its timeout counts from now)."""
+        now = time.monotonic()
+        timeout = self._handler_timeout
+        with self._cond:
+            self._running[msg] = _Run(started=now, check_at=now + (timeout or 0.0))
+            if timeout is not None:
+                self._cond.notify_all()  # the settler watches the deadline
+
+    def _end_run(self, msg: Message) -> bool:
+        """Note the handler call over; True if it had run past its timeout."""
+        with self._cond:
+            run = self._running.pop(msg, None)
+            if run is None or not run.timed_out:
+                return False
+            self.stats.stuck -= 1
+            self._cond.notify_all()  # in hand again until settled: not idle
+        log.warning("listener %s: handler on %s/%s returned after %.1f s, past "
+                    "handler_timeout_seconds=%g; settling it now (state %s)", self._name,
+                    msg.topic, msg.id, time.monotonic() - run.started,
+                    self._handler_timeout, msg.state)
+        return True
+
+    def _overdue(self, now: float) -> tuple[list[tuple[Message, float, bool]], float | None]:
+        """(Under _cond.) Handler calls due for a look: newly past their timeout (True:
+        counted now) or still running on (False: a reminder, at 2x, 4x, ... the
+        timeout); and when the next one falls due."""
+        found: list[tuple[Message, float, bool]] = []
+        next_at: float | None = None
+        if self._handler_timeout is None:
+            return found, None
+        for msg, run in self._running.items():
+            if run.check_at <= now:
+                ran = now - run.started
+                found.append((msg, ran, not run.timed_out))
+                if not run.timed_out:
+                    run.timed_out = True
+                    self.stats.timed_out += 1
+                    self.stats.stuck += 1
+                run.check_at = run.started + 2 * max(ran, self._handler_timeout)
+            if next_at is None or run.check_at < next_at:
+                next_at = run.check_at
+        return found, next_at
+
+    def _abandon(self, overdue: list[tuple[Message, float, bool]]) -> None:
+        """(Settler thread.) Stop renewing the leases of handlers past their timeout,
+        and say so; the leases expire and the messages are delivered again."""
+        with self._cond:
+            stuck = self.stats.stuck
+        for msg, ran, first in overdue:
+            if first:
+                self._refresher.untrack(msg)  # waits for a renewal of it under way
+                log.warning(
+                    "listener %s: handler on %s/%s has run for %.1f s, past "
+                    "handler_timeout_seconds=%g; its lease is no longer renewed and will "
+                    "expire, then the message is delivered again (the thread cannot be "
+                    "stopped and keeps its worker slot: %d of %d stuck)", self._name,
+                    msg.topic, msg.id, ran, self._handler_timeout, stuck, self._max_workers)
+            else:
+                log.warning(
+                    "listener %s: handler on %s/%s still running after %.1f s (past "
+                    "handler_timeout_seconds=%g; %d of %d worker slot(s) stuck)",
+                    self._name, msg.topic, msg.id, ran, self._handler_timeout, stuck,
+                    self._max_workers)
+
+    def _on_failure(self, msg: Message, exc: Exception, *, late: bool = False) -> bool:
         if msg.state != "leased":
             if msg.state == "lost":
                 self._count_lost(msg, "while its handler ran")
@@ -653,6 +789,14 @@ class Listener:
         error = describe_error(exc)
         if msg.delivery_count >= self._polling.max_delivery_count:
             self._dead_letter(msg, error)
+            return False
+        if late:  # its lease is no longer renewed: record the attempt now, no backoff
+            log.info("handler failed on %s/%s (delivery %d of %d) past its timeout: %s",
+                     msg.topic, msg.id, msg.delivery_count,
+                     self._polling.max_delivery_count, exc)
+            with self._cond:
+                self.stats.failed += 1
+            self._retry(msg, error)
             return False
         delay = min(self._retry_backoff * 2 ** (msg.delivery_count - 1),
                     self._retry_backoff_max)
@@ -678,7 +822,8 @@ class Listener:
             self._count_lost(msg, "before it could be dead-lettered")
             return
         except Exception as exc:
-            log.error("could not dead-letter %s/%s (releasing it): %s", msg.topic, msg.id, exc)
+            log.error("could not dead-letter %s/%s (releasing it): %s", msg.topic, msg.id,
+                      exc, exc_info=not isinstance(exc, PawnQueueError))
             self._release(msg)
             return
         finally:
@@ -699,7 +844,7 @@ class Listener:
             self._count_lost(msg, "before its retry was recorded")
         except Exception as exc:
             log.warning("could not record the failed attempt on %s/%s (releasing): %s",
-                        msg.topic, msg.id, exc)
+                        msg.topic, msg.id, exc, exc_info=not isinstance(exc, PawnQueueError))
             self._release(msg)
         finally:
             self._refresher.untrack(msg)
@@ -727,7 +872,9 @@ class Listener:
     def _settle_loop(self) -> None:
         try:
             while True:
-                acks, retries, done = self._next_settlements()
+                acks, retries, overdue, done = self._next_settlements()
+                if overdue:
+                    self._abandon(overdue)
                 if acks:
                     self._ack(acks)
                 for msg, error in retries:
@@ -740,11 +887,16 @@ class Listener:
             self.stop()
             raise
 
-    def _next_settlements(self) -> tuple[list[Message], list[tuple[Message, str]], bool]:
-        """Block until acks or retries are due; the bool says the settler may exit."""
+    def _next_settlements(
+        self,
+    ) -> tuple[list[Message], list[tuple[Message, str]], list[tuple[Message, float, bool]],
+               bool]:
+        """Block until acks or retries are due, or handlers past their timeout need a
+        look; the bool says the settler may exit."""
         with self._cond:
             while True:
                 now = time.monotonic()
+                overdue, next_check = self._overdue(now)
                 closing = self._settler_closing
                 acks: list[Message] = []
                 if self._acks and now >= self._ack_retry_at and (
@@ -759,11 +911,13 @@ class Listener:
                 while self._retries and (closing or self._retries[0][0] <= now):
                     _, _, msg, error = heapq.heappop(self._retries)
                     retries.append((msg, error))
-                if acks or retries:
-                    return acks, retries, False
+                if acks or retries or overdue:
+                    return acks, retries, overdue, False
                 if closing and not self._acks:
-                    return [], [], True
+                    return [], [], [], True
                 timeouts = []
+                if next_check is not None:
+                    timeouts.append(next_check - now)
                 if self._acks:
                     timeouts.append(max(self._acks_since + self._ack_flush_interval,
                                         self._ack_retry_at) - now)
@@ -778,6 +932,13 @@ class Listener:
         refresh landing after the ack deleted the lease would find it gone and turn
         the acked message into a lost one. ``ack_many`` re-proves any lease too old
         for its fence itself. Only a message the ack did delete counts as processed.
+
+        A store error keeps the batch for another attempt after a pause (given up at
+        stop). Any other exception is a bug (ours, the store's, a wrapper's) that would
+        recur on every attempt, so that nothing ever went idle: it is logged with its
+        traceback and the batch given up at once. Messages it left leased are not
+        released (their handlers would run again at once, and the ack fail again): their
+        leases are no longer renewed and expire, and they are delivered again (``lost``).
         """
         for msg in msgs:
             self._refresher.untrack(msg)
@@ -786,7 +947,7 @@ class Listener:
             self._consumer.ack_many(msgs)
         except LeaseLostError as exc:
             log.warning("listener %s: %s", self._name, exc)
-        except Exception as exc:
+        except StorageError as exc:
             with self._cond:
                 self.stats.ack_errors += 1
                 closing = self._settler_closing
@@ -803,6 +964,12 @@ class Listener:
                 else:
                     log.error("listener %s: giving up acking %d message(s); they will be "
                               "redelivered: %s", self._name, len(msgs), exc)
+        except Exception:
+            with self._cond:
+                self.stats.ack_errors += 1
+            log.exception("listener %s: unexpected error acking %d message(s), not "
+                          "retried; those not acked will be redelivered once their leases "
+                          "expire", self._name, len(msgs))
         else:
             self._ack_error_wait = ACK_ERROR_WAIT_S
             with self._cond:
