@@ -153,10 +153,10 @@ class Scripted:
         return self._call("delete", key, if_match is not None,
                           lambda: self.inner.delete(key, if_match=if_match, deadline=deadline))
 
-    def delete_many(self, keys, *, deadline=None):
+    def delete_many(self, keys, *, deadline=None, etags=None):
         keys = list(keys)
         return self._call("delete_many", keys[0] if keys else None, False,
-                          lambda: self.inner.delete_many(keys, deadline=deadline))
+                          lambda: self.inner.delete_many(keys, deadline=deadline, etags=etags))
 
     def copy(self, src, dst, *, if_none_match=False):
         return self._call("copy", dst, if_none_match,

@@ -68,18 +68,24 @@ class Capabilities:
 
 @attrs.frozen
 class LeaseBody:
-    """The lease object's content, byte-compatible with pawn-queue's ``LeaseContent``."""
+    """The lease object's content: pawn-queue's ``LeaseContent`` fields, plus
+    ``message_key`` (the key of the message object the lease was written for) when
+    known. pawn-queue 0.1.3 reads leases with ``LeaseContent.from_dict``, which ignores
+    fields it does not know; the key lets a janitor that reaps an abandoned lease
+    record the abandoned delivery on the very object (a message key is
+    ``{created_at}-{id}.json``: the id alone does not give it)."""
 
     consumer_id: str
     message_id: str
     claimed_at: str
     expires_at: str
     nonce: str
+    message_key: str | None = None
 
     @classmethod
     def new(
         cls, consumer_id: str, message_id: str, now: datetime, visibility: float,
-        claimed_at: str | None = None,
+        claimed_at: str | None = None, message_key: str | None = None,
     ) -> LeaseBody:
         return cls(
             consumer_id=consumer_id,
@@ -87,10 +93,12 @@ class LeaseBody:
             claimed_at=claimed_at or iso(now),
             expires_at=iso(now + timedelta(seconds=visibility)),
             nonce=secrets.token_hex(32),
+            message_key=message_key,
         )
 
     def encode(self) -> bytes:
-        return canonical_json(attrs.asdict(self))
+        """Canonical JSON; without ``message_key`` exactly pawn-queue's five fields."""
+        return canonical_json(attrs.asdict(self, filter=lambda _a, v: v is not None))
 
     @property
     def token(self) -> str:

@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ..errors import LeaseLostError, ObjectNotFound, StorageError
+from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound, StorageError
 from ..protocol import lease as leases
 from ..protocol.effects import run
-from ..storage.base import DELETE_BATCH, GetResult
+from ..storage.base import DELETE_BATCH, GetResult, ObjectInfo
 from . import layout, registry
 from .context import Context
 from .message import Message
@@ -42,6 +42,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _REQUIRED_FIELDS = ("id", "payload")
+#: What a message is, as a producer wrote it (delivery records added later aside).
+_CONTENT_FIELDS = ("id", "topic", "producer_id", "created_at", "payload")
 #: How many stale leases one poll removes at most (the rest wait for the next poll).
 _REAP_PER_POLL = 200
 #: With rivals about, a poll picks its claims at random among this many times more
@@ -331,34 +333,89 @@ class Consumer:
 
     def _live_leases(self, topic: str) -> tuple[set[str], float]:
         """Ids of messages under a live lease, and when (monotonic) the LIST that found
-        them was sent; stale leases are reaped if unchanged. A lease we cannot judge
-        counts as live: an error never frees a message."""
+        them was sent; stale leases are reaped if unchanged (at most _REAP_PER_POLL, in
+        parallel on the claim pool), each abandoned delivery first recorded on its
+        message (see :meth:`_reap`). A lease we cannot judge counts as live: an error
+        never frees a message."""
         listed_at = self._ctx.clock.monotonic()
         listing = self._ctx.store.list(layout.leases_prefix(topic))
         now = listing.server_time or self._ctx.store.server_time()
         live: set[str] = set()
-        reaped = 0
+        stale: list[tuple[str, ObjectInfo]] = []
         for info in listing.objects:
             mid = layout.lease_message_id(topic, info.key)
             if mid is None:
                 continue
-            if not leases.is_stale(info.last_modified, now, self._ctx.visibility):
+            if (not leases.is_stale(info.last_modified, now, self._ctx.visibility)
+                    or len(stale) >= _REAP_PER_POLL):
                 live.add(mid)
-                continue
-            if reaped >= _REAP_PER_POLL:
-                live.add(mid)
-                continue
-            try:
-                if run(leases.reap(info.key, info.etag, self._ctx.caps), self._ctx.store,
-                       self._ctx.clock):
-                    reaped += 1
-                    log.info("reaped stale lease on %s/%s", topic, mid)
-                else:
-                    live.add(mid)  # refreshed or replaced meanwhile
-            except StorageError as exc:
-                log.warning("could not reap lease %s: %s", info.key, exc)
-                live.add(mid)
+            else:
+                stale.append((mid, info))
+        if stale:
+            reaped = self._in_parallel(lambda s: self._reap(topic, *s), stale)
+            live.update(mid for (mid, _info), done in zip(stale, reaped) if not done)
         return live, listed_at
+
+    def _reap(self, topic: str, mid: str, info: ObjectInfo) -> bool:
+        """Record the abandoned delivery on the message, then remove the stale lease
+        ``info`` if it is still the version judged stale; True when removed. A lease
+        refreshed meanwhile stays (the delivery was then counted once too often: the
+        count is one too high at worst). A failure to record leaves the lease for a
+        later poll: the delivery is never uncounted for a transient error."""
+        try:
+            self._record_abandoned(topic, mid, info)
+            if run(leases.reap(info.key, info.etag, self._ctx.caps), self._ctx.store,
+                   self._ctx.clock):
+                log.info("reaped stale lease on %s/%s", topic, mid)
+                return True
+            return False  # refreshed or replaced meanwhile
+        except StorageError as exc:
+            log.warning("could not reap lease %s: %s", info.key, exc)
+            return False
+
+    def _record_abandoned(self, topic: str, mid: str, info: ObjectInfo) -> None:
+        """Count the delivery whose lease ``info`` went stale on the message itself, as
+        :meth:`retry` counts a failed one: ``attempts`` + 1 and a ``last_error`` saying
+        so, written If-Match the message's ETag where the server honours it. The lease
+        names the message's key (``message_key``); a lease without it (pawn-queue's, or
+        an older version's) is reaped uncounted. The message records the lease version
+        it counted (``abandoned_lease``), so a second janitor reaping the same lease
+        does not count it again."""
+        store = self._ctx.store
+        try:
+            lease = store.get(info.key)
+        except ObjectNotFound:
+            return  # gone already: nothing to reap
+        if lease.etag != info.etag:
+            return  # refreshed or replaced since the listing: the reap will leave it
+        try:
+            lease_doc = json.loads(lease.body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return
+        key = lease_doc.get("message_key") if isinstance(lease_doc, dict) else None
+        if not isinstance(key, str) or layout.parse_message_key(topic, key) != mid:
+            return
+        try:
+            got = store.get(key)
+            doc = _decode_message(got.body, mid)
+        except (ObjectNotFound, ValueError):
+            return  # acked (the lease is an orphan), or malformed: the claim moves it
+        if doc.get("abandoned_lease") == info.etag:
+            return  # counted by another janitor
+        count = _attempts(doc) + 1
+        doc["attempts"] = count
+        doc["abandoned_lease"] = info.etag
+        doc["last_error"] = (
+            f"delivery {count} abandoned: consumer {lease_doc.get('consumer_id')} held "
+            "it past the visibility timeout without an ack, retry or nack (its "
+            "handler's process may have died)"
+        )
+        if_match = got.etag if self._ctx.caps.if_match and got.etag else None
+        try:
+            store.put(key, layout.canonical_json(doc), if_match=if_match)
+        except ConditionFailed:
+            return  # re-published, or counted by another janitor, since our read
+        log.warning("%s/%s: delivery %d abandoned (lease not renewed)", topic, mid, count)
 
     def _claim_safely(self, topic: str, key: str, mid: str) -> Message | None:
         try:
@@ -370,7 +427,8 @@ class Consumer:
     def _claim(self, topic: str, key: str, mid: str) -> Message | None:
         ctx = self._ctx
         lease_key = layout.lease_key(topic, mid)
-        body = leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility)
+        body = leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility,
+                                    message_key=key)
         started = ctx.clock.monotonic()
         token = run(
             leases.claim(ctx.caps, lease_key, body, ctx.csprng, self._rng),
@@ -392,8 +450,9 @@ class Consumer:
         ctx = self._ctx
         claims = [
             (layout.lease_key(topic, mid),
-             leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility))
-            for _key, mid in candidates
+             leases.LeaseBody.new(self.id, mid, ctx.clock.now(), ctx.visibility,
+                                  message_key=key))
+            for key, mid in candidates
         ]
         message_of: dict[str, str] = {}  # as claim_csprng_batch: a key's first claim
         for (key, _mid), (lease_key, _body) in zip(candidates, claims):
@@ -460,7 +519,10 @@ class Consumer:
             self._quarantine(topic, key, got.body, f"malformed message: {exc}", mid)
             self._drop_lease(lease_key, token)
             return None
-        attempts = doc.get("attempts", 0)
+        attempts = _attempts(doc)
+        if attempts >= self._ctx.config.polling.max_delivery_count:
+            self._dead_letter_claimed(topic, won, doc, got.etag, attempts)
+            return None
         msg = Message(
             id=mid,
             topic=topic,
@@ -471,7 +533,7 @@ class Consumer:
             lease_key=lease_key,
             lease_token=token,
             lease_written_at=won.started,
-            delivery_count=(attempts if isinstance(attempts, int) else 0) + 1,
+            delivery_count=attempts + 1,
             body=doc,
             etag=got.etag,
             consumer=self,
@@ -479,6 +541,66 @@ class Consumer:
         with self._lock:
             self._inflight[mid] = msg
         return msg
+
+    def _dead_letter_claimed(
+        self, topic: str, won: _Won, doc: dict[str, Any], etag: str, attempts: int
+    ) -> None:
+        """Move a message delivered ``attempts`` (>= ``polling.max_delivery_count``)
+        times without an ack to the dead-letter prefix instead of handing it out again,
+        then give our lease back. Its last deliveries ended without a retry or a nack:
+        their consumers died (a handler that kills its process would otherwise be
+        delivered forever). On an error the message stays, and our lease is given back."""
+        reason = (f"delivered {attempts} times without an ack (the handler's process may "
+                  f"have died); polling.max_delivery_count is "
+                  f"{self._ctx.config.polling.max_delivery_count}")
+        last = doc.get("last_error")
+        if isinstance(last, str) and last:
+            reason += f"; last error: {last}"
+        dead = dict(doc)
+        dead["dead_letter"] = {
+            "reason": reason,
+            "consumer_id": self.id,
+            "at": layout.iso(self._ctx.clock.now()),
+            "delivery_count": attempts,
+            "original_key": won.key,
+        }
+        try:
+            self._ctx.store.put(layout.dead_letter_key(topic, won.mid),
+                                layout.canonical_json(dead))
+            self._delete_version(won.key, etag, None, doc)
+        finally:
+            self._drop_lease(won.lease_key, won.token)
+        log.warning("dead-lettered %s/%s at claim: %s", topic, won.mid, reason)
+
+    def _delete_version(
+        self, key: str, etag: str, deadline: float | None, doc: dict[str, Any] | None = None
+    ) -> bool:
+        """Delete the message object at ``key`` only while it is the version we read
+        (If-Match ``etag``, where the server honours it). On a mismatch the object is
+        read again: if it is the same message (``doc``'s id, topic, producer, created_at
+        and payload; only a janitor's record of an abandoned delivery, or a re-publish
+        of identical content, changed it), that version is deleted instead. False when
+        our version is gone: replaced by another message under the same key (a
+        re-publish while we held it: it stays and is delivered) or already deleted."""
+        if_match = etag if self._ctx.caps.if_match and etag else None
+        store = self._ctx.store
+        try:
+            store.delete(key, if_match=if_match, deadline=deadline)
+            return True
+        except ObjectNotFound:
+            return False
+        except ConditionFailed:
+            pass
+        try:
+            now = store.get(key)
+            same = doc is not None and _same_message(doc, now.body)
+            if same:
+                store.delete(key, if_match=now.etag, deadline=deadline)
+                return True
+        except (ConditionFailed, ObjectNotFound):
+            pass
+        log.info("%s was replaced or removed while we held it: left as it is", key)
+        return False
 
     def _drop_lease(self, lease_key: str, token: str) -> None:
         try:
@@ -602,7 +724,7 @@ class Consumer:
         # is sent while the leases are certainly ours (docs/guarantees.md, Fencing).
         deadline = min(self._fence_ends(m) for m in msgs)
         try:
-            self._delete([m.key for m in msgs], deadline)
+            self._delete_messages(msgs, deadline)
         except StorageError as exc:  # DeadlineExceeded too: they stay leased
             errors.append(exc)
             return
@@ -639,7 +761,8 @@ class Consumer:
                 layout.dead_letter_key(msg.topic, msg.id), layout.canonical_json(doc)
             )
             self._fence(msg)  # the dead-letter write took time
-            self._ctx.store.delete(msg.key, deadline=self._fence_ends(msg))
+            # only the version we were handed: a re-published one stays, delivered anew
+            self._delete_version(msg.key, msg.etag, self._fence_ends(msg), msg.body)
             self._settled(msg, "nacked")
         self._drop_lease(msg.lease_key, msg.lease_token)
 
@@ -666,8 +789,12 @@ class Consumer:
             if error is not None:
                 doc["last_error"] = error[:2000]
             if_match = msg.etag if self._ctx.caps.if_match and msg.etag else None
-            self._ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match,
-                                deadline=self._fence_ends(msg))
+            try:
+                self._ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match,
+                                    deadline=self._fence_ends(msg))
+            except ConditionFailed:  # re-published meanwhile: the new version starts at 1
+                log.info("%s was replaced while we held it: its retry is not recorded",
+                         msg.key)
             self._settled(msg, "released")
         self._drop_lease(msg.lease_key, msg.lease_token)
 
@@ -692,7 +819,8 @@ class Consumer:
         from now. A lease found taken makes the message lost."""
         ctx = self._ctx
         body = leases.LeaseBody.new(
-            self.id, msg.id, ctx.clock.now(), ctx.visibility, claimed_at=None
+            self.id, msg.id, ctx.clock.now(), ctx.visibility, claimed_at=None,
+            message_key=msg.key,
         )
         started = ctx.clock.monotonic()
         try:
@@ -797,6 +925,27 @@ class Consumer:
             if self._inflight.get(msg.id) is msg:
                 del self._inflight[msg.id]
 
+    def _delete_messages(self, msgs: list[Message], deadline: float) -> None:
+        """Delete the message objects of ``msgs``, each only while it is the version
+        we were handed (its ETag): a single conditional DELETE, or DeleteObjects
+        naming each key's ETag (one request per 1,000, as unconditional). A version
+        replaced meanwhile (re-published under its key) stays, to be delivered; its
+        ack is done all the same. Where the server ignores If-Match, or ETags in
+        DeleteObjects (moto), the delete is unconditional (docs/guarantees.md)."""
+        if len(msgs) == 1:
+            self._delete_version(msgs[0].key, msgs[0].etag, deadline, msgs[0].body)
+            return
+        etags = ({m.key: m.etag for m in msgs if m.etag}
+                 if self._ctx.caps.if_match else None)
+        failed = set(self._ctx.store.delete_many(
+            [m.key for m in msgs], deadline=deadline, **({"etags": etags} if etags else {})
+        ))
+        # a key not deleted (another version, or an error): once more on its own, which
+        # tells a re-published message from ours with a recorded count, or raises
+        for msg in msgs:
+            if msg.key in failed:
+                self._delete_version(msg.key, msg.etag, deadline, msg.body)
+
     def _delete(self, keys: list[str], deadline: float | None = None) -> None:
         if len(keys) == 1:
             self._ctx.store.delete(keys[0], deadline=deadline)
@@ -885,6 +1034,25 @@ if hasattr(os, "register_at_fork"):
 def _id_at(fraction: float) -> str:
     """The message id (a uuid string, as ids compare) at ``fraction`` of the id space."""
     return str(uuid.UUID(int=min(int(fraction * 2**128), 2**128 - 1)))
+
+
+def _same_message(doc: dict[str, Any], raw: bytes) -> bool:
+    """True when ``raw`` is the message ``doc`` was read from, whatever delivery
+    records (``attempts``, ``last_error``, ...) were written on it since."""
+    try:
+        now = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(now, dict) and all(now.get(f) == doc.get(f) for f in _CONTENT_FIELDS)
+
+
+def _attempts(doc: dict[str, Any]) -> int:
+    """Deliveries of a message that ended without an ack, as recorded on it (failed
+    handler calls and abandoned deliveries); 0 when unrecorded or unreadable."""
+    attempts = doc.get("attempts", 0)
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        return 0
+    return max(attempts, 0)
 
 
 def _decode_message(raw: bytes, mid: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ attempt sent before the deadline may still be applied by the server after it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -156,10 +156,17 @@ class Store(Protocol):
         """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it.
         With ``deadline``, nothing is sent after it (DeadlineExceeded)."""
 
-    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
-        """Delete unconditionally in batches; returns the keys that could not be deleted.
-        With ``deadline``, no batch is sent after it (DeadlineExceeded; the batches
-        before it may have been deleted)."""
+    def delete_many(
+        self, keys: Iterable[str], *, deadline: float | None = None,
+        etags: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Delete in batches; returns the keys that could not be deleted. A key in
+        ``etags`` is deleted only while its ETag is that one (DeleteObjects names it
+        per key: AWS S3 and SeaweedFS honour it, moto ignores it); a key that has another
+        version is not deleted and is among the keys returned, a missing key is not a
+        failure. Keys without an ETag are deleted unconditionally. With ``deadline``,
+        no batch is sent after it (DeadlineExceeded; the batches before it may have
+        been deleted)."""
 
     def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:
         """Server-side copy. Raises ObjectNotFound for a missing source, and

@@ -52,7 +52,7 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
@@ -561,15 +561,24 @@ class LocalStore:
                 return  # no such object (a directory is not an object)
             self._sync_dir(path.parent)
 
-    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
-        """Delete each key unconditionally; returns the keys that could not be deleted.
-        Past ``deadline`` (monotonic), raises DeadlineExceeded (earlier keys are gone)."""
+    def delete_many(
+        self, keys: Iterable[str], *, deadline: float | None = None,
+        etags: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Delete each key (only while its ETag is ``etags[key]``, if given; a missing
+        key is no failure); returns the keys not deleted (another version, or an
+        error). Past ``deadline`` (monotonic), raises DeadlineExceeded (earlier keys
+        are gone)."""
         failed: list[str] = []
         for key in keys:
             try:
-                self.delete(key, deadline=deadline)
+                self.delete(key, deadline=deadline, if_match=(etags or {}).get(key))
             except DeadlineExceeded:
                 raise
+            except ConditionFailed:
+                with contextlib.suppress(ObjectNotFound):
+                    self.head(key)
+                    failed.append(key)  # another version
             except StorageError as exc:
                 log.warning("delete_many: could not delete %r: %s", key, exc)
                 failed.append(key)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 import attrs
@@ -153,9 +153,14 @@ class MemoryStore:
                 raise ConditionFailed("If-Match did not hold", key=key)
             self._objects.pop(key, None)
 
-    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
-        """Delete each key unconditionally; returns the keys the hook made fail.
-        DeadlineExceeded past ``deadline`` (the keys before it are deleted)."""
+    def delete_many(
+        self, keys: Iterable[str], *, deadline: float | None = None,
+        etags: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Delete each key (only while its ETag is ``etags[key]``, if given; a missing
+        key is no failure); returns the keys not deleted (another version, or the hook
+        made them fail). DeadlineExceeded past ``deadline`` (the keys before it are
+        deleted)."""
         failed: list[str] = []
         for key in keys:
             try:
@@ -165,7 +170,11 @@ class MemoryStore:
                 failed.append(key)
                 continue
             time_left(deadline, self._clock.monotonic(), "delete_many", key)
-            self._delete(key, None)
+            try:
+                self._delete(key, (etags or {}).get(key))
+            except ConditionFailed:
+                if key in self._objects:  # another version
+                    failed.append(key)
         return failed
 
     def copy(self, src: str, dst: str, *, if_none_match: bool = False) -> PutResult:

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
@@ -471,15 +471,20 @@ class S3Store:
             kwargs["IfMatch"] = f'"{if_match}"'
         self._call("delete_object", key, if_match is not None, deadline=deadline, **kwargs)
 
-    def delete_many(self, keys: Iterable[str], *, deadline: float | None = None) -> list[str]:
+    def delete_many(
+        self, keys: Iterable[str], *, deadline: float | None = None,
+        etags: Mapping[str, str] | None = None,
+    ) -> list[str]:
         keys = list(dict.fromkeys(keys))
+        etags = etags or {}
         failed: list[str] = []
         wire = self._wire()
         for i in range(0, len(keys), DELETE_BATCH):
             chunk = keys[i : i + DELETE_BATCH]
             if wire is not None:
                 answer = self._send(
-                    "delete_objects", None, False, wire.delete_objects, chunk, deadline
+                    "delete_objects", None, False, wire.delete_objects, chunk, deadline,
+                    {k: etags[k] for k in chunk if k in etags},
                 )
                 errors = self._parsed("delete_objects", s3_wire.delete_errors, answer.body)
             else:
@@ -487,7 +492,8 @@ class S3Store:
                     "delete_objects",
                     None,
                     deadline=deadline,
-                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+                    Delete={"Objects": [_object_id(k, etags.get(k)) for k in chunk],
+                            "Quiet": True},
                 )
                 errors = [(e.get("Key", ""), e.get("Code", "")) for e in resp.get("Errors", [])]
             failed.extend(k for k, code in errors if code != "NoSuchKey")
@@ -768,3 +774,8 @@ def _utc(value: Any) -> datetime | None:
             tzinfo=timezone.utc
         )
     return None
+
+
+def _object_id(key: str, etag: str | None) -> dict[str, str]:
+    """A DeleteObjects entry: the key, and the ETag it must still have, if given."""
+    return {"Key": key, "ETag": f'"{etag}"'} if etag else {"Key": key}

@@ -185,9 +185,19 @@ class WireClient:
             _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b""), deadline
         )
 
-    def delete_objects(self, keys: list[str], deadline: float | None = None) -> Answer:
-        """One DeleteObjects request, quiet (the answer lists failures only)."""
-        items = "".join(f"<Object><Key>{escape(k)}</Key></Object>" for k in keys)
+    def delete_objects(
+        self, keys: list[str], deadline: float | None = None,
+        etags: dict[str, str] | None = None,
+    ) -> Answer:
+        """One DeleteObjects request, quiet (the answer lists failures only); a key in
+        ``etags`` is deleted only while it has that ETag (where the server honours it)."""
+        etags = etags or {}
+        items = "".join(
+            f"<Object><Key>{escape(k)}</Key>"
+            + (f"<ETag>&quot;{escape(etags[k])}&quot;</ETag>" if etags.get(k) else "")
+            + "</Object>"
+            for k in keys
+        )
         body = (
             '<?xml version="1.0" encoding="UTF-8"?>'
             '<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
