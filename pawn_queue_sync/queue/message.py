@@ -33,7 +33,9 @@ class Message:
     lease_token: str = attrs.field(repr=False)
     #: monotonic time just before the request that wrote our current lease version
     lease_written_at: float = attrs.field(repr=False)
-    #: 1 on the first delivery; grows with each failed attempt recorded by ``retry``
+    #: the number of this delivery: 1 on the first, plus one for each earlier delivery
+    #: that ended without an ack or nack (a failed handler call recorded by ``retry``, or
+    #: a delivery abandoned with its lease, recorded by the poll that reaped it)
     delivery_count: int = 1
     body: dict[str, Any] = attrs.field(factory=dict, repr=False)
     etag: str = attrs.field(default="", repr=False)
