@@ -117,3 +117,19 @@ def test_delete_many_deletes_only_the_versions_named_seaweedfs(
                                     "t/gone": old["t/a"]}) == ["t/b"]
     assert [o.key for o in store.list("t/").objects] == ["t/b"]
     assert store.get("t/b").body == b"v2"
+
+
+def test_an_identical_republish_while_held_is_acked_with_it() -> None:
+    """The idempotent path re-publishing the very same message (a retried task): the
+    message was handled, so the ack deletes it rather than deliver it again."""
+    pq = memory_queue()
+    producer = pq.register_producer("p")
+    mid = str(uuid.uuid4())
+    producer.publish(TOPIC, {"same": 1}, message_id=mid, created_at=WHEN)
+    consumer = pq.register_consumer("c", [TOPIC])
+    (msg,) = consumer.poll()
+    pq.register_producer("p2").publish(TOPIC, {"same": 1}, message_id=mid, created_at=WHEN)
+    assert pq.store.get(msg.key).etag != msg.etag  # another producer id: new bytes
+    msg.ack()
+    assert objects(pq, f"{TOPIC}/messages/") == objects(pq, f"{TOPIC}/leases/") == []
+    pq.teardown()

@@ -42,8 +42,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _REQUIRED_FIELDS = ("id", "payload")
-#: What a message is, as a producer wrote it (delivery records added later aside).
-_CONTENT_FIELDS = ("id", "topic", "producer_id", "created_at", "payload")
+#: What a message is, as a producer wrote it (delivery records added later aside; the
+#: producer aside too: the same payload re-published by another producer is handled).
+_CONTENT_FIELDS = ("id", "topic", "created_at", "payload")
 #: How many stale leases one poll removes at most (the rest wait for the next poll).
 _REAP_PER_POLL = 200
 #: With rivals about, a poll picks its claims at random among this many times more
@@ -577,9 +578,9 @@ class Consumer:
     ) -> bool:
         """Delete the message object at ``key`` only while it is the version we read
         (If-Match ``etag``, where the server honours it). On a mismatch the object is
-        read again: if it is the same message (``doc``'s id, topic, producer, created_at
-        and payload; only a janitor's record of an abandoned delivery, or a re-publish
-        of identical content, changed it), that version is deleted instead. False when
+        read again: if it is the same message (``doc``'s id, topic, created_at and
+        payload; only a janitor's record of an abandoned delivery, or a re-publish of
+        identical content, changed it), that version is deleted instead. False when
         our version is gone: replaced by another message under the same key (a
         re-publish while we held it: it stays and is delivered) or already deleted."""
         if_match = etag if self._ctx.caps.if_match and etag else None
