@@ -284,6 +284,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 else:
                     consumer.ack_many(msgs)
                 count += len(msgs)
+        except KeyboardInterrupt:
+            # Ctrl-C in a poll: claims under way finish on the claim pool (closing the
+            # pools waits for them), then every message still held is given back, so
+            # nothing waits out a lease nor counts an abandoned delivery.
+            pq.context.close()
+            _release(consumer.inflight())
+            raise
         finally:
             _release(held)
     return EXIT_OK

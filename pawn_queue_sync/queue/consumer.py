@@ -241,7 +241,13 @@ class Consumer:
         if batches:
             results = self._claim_batch(topic, candidates, listed_at)
         else:
-            results = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
+            outcomes = self._in_parallel(lambda c: self._claim_safely(topic, *c), candidates)
+            errors = [e for e in outcomes if isinstance(e, StorageError)]
+            results = [m for m in outcomes if isinstance(m, Message)]
+            if errors and not results:
+                # every claim that did not lose a race failed (a full disk, a store
+                # refusing writes): say so, rather than look like an empty topic
+                raise errors[0]
         got = [m for m in results if m is not None]
         self._contended[topic] = rivals or len(got) < len(candidates)
         if len(got) < len(candidates) and topic in self._cursor:
@@ -418,12 +424,13 @@ class Consumer:
             return  # re-published, or counted by another janitor, since our read
         log.warning("%s/%s: delivery %d abandoned (lease not renewed)", topic, mid, count)
 
-    def _claim_safely(self, topic: str, key: str, mid: str) -> Message | None:
+    def _claim_safely(self, topic: str, key: str, mid: str) -> Message | StorageError | None:
+        """The claimed message, None when a rival holds it, or the store's error."""
         try:
             return self._claim(topic, key, mid)
         except StorageError as exc:
             log.warning("claim of %s failed: %s", key, exc)
-            return None
+            return exc
 
     def _claim(self, topic: str, key: str, mid: str) -> Message | None:
         ctx = self._ctx
@@ -482,7 +489,7 @@ class Consumer:
             )
         except StorageError as exc:  # leases we wrote go stale and are reaped
             log.warning("claim of %d message(s) on %s failed: %s", len(claims), topic, exc)
-            return []
+            raise
         won = [
             _Won(key, mid, lease_key, token, started)
             for (key, mid), (lease_key, _body), token in zip(candidates, claims, tokens)

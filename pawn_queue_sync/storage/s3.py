@@ -672,15 +672,28 @@ class _RedactSecrets(logging.Filter):
                     logger.addFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        secrets = self._secrets
         original = record.getMessage()
+        text = self._redact(original)
+        if text != original:
+            record.msg, record.args = text, None
+        if record.exc_info and not record.exc_text:
+            # botocore logs connection errors with their traceback, whose text quotes
+            # the URL: formatted here once, masked, and kept where handlers look first
+            record.exc_text = self._redact(_FORMATTER.formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = self._redact(record.stack_info)
+        return True
+
+    def _redact(self, original: str) -> str:
+        secrets = self._secrets
         text = redact_endpoint(original) if "@" in original else original
         if any(secret in text for secret in secrets):
             for secret in sorted(secrets, key=len, reverse=True):
                 text = text.replace(secret, "***")
-        if text != original:
-            record.msg, record.args = text, None
-        return True
+        return text
+
+
+_FORMATTER = logging.Formatter()
 
 
 _SECRET_FILTER = _RedactSecrets()
