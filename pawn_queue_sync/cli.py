@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     thread pool of consumers, and print what happened. With 0 messages there is
     nothing to wait for: it reports at once."""
     overrides: dict[str, Any] = {"polling": {"interval_seconds": 0.2}}
-    if not args.config:
+    if not args.config and args.path is not None:
         overrides["local"] = {"path": args.path}
     topic = args.topic
     n = args.messages
@@ -387,40 +387,54 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", "-v", action="count", default=0,
                         help="more logging; errors with their traceback")
     sub = parser.add_subparsers(dest="command", required=True)
+    # -c/-v after the command too (`pawnq consume orders -c config.yaml`), as `pawnq
+    # worker` always took them; SUPPRESS keeps a value given before the command.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", default=argparse.SUPPRESS,
+                        help="YAML configuration file (env PAWNQUEUE_* too)")
+    common.add_argument("--verbose", "-v", action="count", default=argparse.SUPPRESS,
+                        help="more logging; errors with their traceback")
 
-    demo = sub.add_parser("demo", help="publish and consume a few hundred messages")
+    demo = sub.add_parser("demo", parents=[common],
+                          help="publish and consume a few hundred messages")
     demo.add_argument("--messages", "-n", type=_count(0), default=300)
     demo.add_argument("--threads", type=_count(1), default=8)
     demo.add_argument("--topic", default="demo")
-    demo.add_argument("--path", default="./.pawnqueue", help="local store directory")
+    demo.add_argument("--path", default=None,
+                      help="local store directory (default: PAWNQUEUE_LOCAL_PATH, else "
+                      "./.pawnqueue)")
     demo.add_argument("--timeout", type=_seconds, default=300.0)
     demo.set_defaults(func=cmd_demo)
 
-    topics = sub.add_parser("topics", help="list topics (or create them)")
+    topics = sub.add_parser("topics", parents=[common], help="list topics (or create them)")
     topics.add_argument("--create", nargs="+", metavar="TOPIC")
     topics.add_argument("--stats", action="store_true", help="with pending/leased/dead counts")
     topics.set_defaults(func=cmd_topics)
 
-    pub = sub.add_parser("publish", help="publish JSON payloads (args or stdin lines)")
+    pub = sub.add_parser("publish", parents=[common],
+                         help="publish JSON payloads (args or stdin lines)")
     pub.add_argument("topic")
     pub.add_argument("payload", nargs="*")
     pub.add_argument("--producer", default="pawnq-cli")
     pub.add_argument("--create", action="store_true", help="create the topic if missing")
     pub.set_defaults(func=cmd_publish)
 
-    con = sub.add_parser("consume", help="print messages as JSON lines and ack them")
+    con = sub.add_parser("consume", parents=[common],
+                         help="print messages as JSON lines and ack them")
     con.add_argument("topic", nargs="+")
     con.add_argument("--consumer", default="pawnq-cli")
     con.add_argument("--max", type=_count(1), default=10)
     con.add_argument("--no-ack", action="store_true", help="release instead of ack (peek)")
     con.set_defaults(func=cmd_consume)
 
-    dl = sub.add_parser("dead-letter", help="list a topic's dead letters with reasons")
+    dl = sub.add_parser("dead-letter", parents=[common],
+                        help="list a topic's dead letters with reasons")
     dl.add_argument("topic")
     dl.add_argument("--max", type=_count(1), default=100)
     dl.set_defaults(func=cmd_dead_letter)
 
-    info = sub.add_parser("info", help="effective configuration and server capabilities")
+    info = sub.add_parser("info", parents=[common],
+                          help="effective configuration and server capabilities")
     info.set_defaults(func=cmd_info)
 
     try:

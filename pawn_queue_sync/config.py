@@ -406,7 +406,8 @@ class PollingConfig:
                 "polling.lease_refresh_interval_seconds",
                 f"must be < polling.visibility_timeout_seconds "
                 f"({self.visibility_timeout_seconds:g}), got "
-                f"{self.lease_refresh_interval_seconds:g}",
+                f"{self.lease_refresh_interval_seconds:g} (its default is 10: lower it "
+                "with a short visibility timeout, e.g. to a third of it)",
             )
 
 

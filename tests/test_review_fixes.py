@@ -96,3 +96,38 @@ def test_debug_tracebacks_never_show_the_endpoints_password() -> None:
     assert "Traceback" in logged and "127.0.0.1" in logged  # botocore logged its traceback
     assert "TOPSECRETPW" not in logged and "SECRETKEY0" not in logged
     assert "TOPSECRETPW" not in str(info.value)
+
+
+def test_config_after_the_command_and_demo_honours_the_local_path_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pawnq consume orders --config c.yaml`` was a usage error (only ``worker`` took
+    it after the command), and ``pawnq demo`` ignored ``PAWNQUEUE_LOCAL_PATH``."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"local:\n  path: {tmp_path / 'store'}\n")
+    assert cli.main(["topics", "--create", "orders", "-c", str(config)]) == cli.EXIT_OK
+    assert cli.main(["publish", "orders", '{"a": 1}', "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert cli.main(["consume", "orders", "-c", str(config), "-v"]) == cli.EXIT_OK
+    assert '"payload": {"a": 1}' in capsys.readouterr().out
+    monkeypatch.setenv("PAWNQUEUE_LOCAL_PATH", str(tmp_path / "from-env"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "-n", "3"]) == cli.EXIT_OK
+    assert f"local:{tmp_path / 'from-env'}" in capsys.readouterr().out
+    assert not (tmp_path / ".pawnqueue").exists()
+
+
+def test_a_misspelled_listener_option_is_refused_before_any_worker_starts() -> None:
+    """``WorkerPool(listener_options={"handler_timeout_secs": 300})`` was accepted, and
+    every child then died of a TypeError until the pool gave up."""
+    from pawn_queue_sync.runtime.workers import WorkerPool
+
+    with pytest.raises(ValueError, match="handler_timeout_secs"):
+        WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                   listener_options={"handler_timeout_secs": 300})
+    with pytest.raises(ValueError, match="max_workers"):  # the pool sets it: threads=
+        WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                   listener_options={"max_workers": 3})
+    pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                      listener_options={"handler_timeout_seconds": 300, "idle_timeout": 1})
+    assert pool is not None

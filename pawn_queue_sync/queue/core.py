@@ -110,7 +110,9 @@ class PawnQueue:
     @property
     def context(self) -> Context:
         if self._ctx is None:
-            raise NotStartedError("PawnQueue is not set up: call setup() or use `with`")
+            raise NotStartedError(
+                "PawnQueue is not set up, or was closed: call setup() or use `with`"
+            )
         return self._ctx
 
     @property

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import math
 import multiprocessing
@@ -240,7 +241,7 @@ class WorkerPool:
         self._mp = multiprocessing.get_context(start_method)
         self._install_signals = install_signal_handlers
         self._log_level = log_level if log_level is not None else logging.getLogger().level
-        self._listener_options = dict(listener_options or {})
+        self._listener_options = _checked_listener_options(listener_options)
         self._wakeup = _Wakeup()
         self._stop_requests = 0  # plain int: bumped by stop(), maybe in a signal handler
         self._slots: list[_Slot] = []
@@ -495,6 +496,27 @@ class WorkerPool:
 
 
 # -- the worker process --------------------------------------------------------------------
+
+
+#: Listener keyword arguments the pool sets itself, for every child.
+_POOL_SET = frozenset(
+    {"consumer", "handler", "max_workers", "shutdown_timeout", "install_signal_handlers", "name"}
+)
+
+
+def _checked_listener_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` if every name is a Listener option the pool leaves to the caller;
+    a misspelled one is a ValueError here, not a TypeError in every child (each of
+    which would die before polling until the pool gave up)."""
+    options = dict(options or {})
+    known = set(inspect.signature(Listener.__init__).parameters) - {"self"} - _POOL_SET
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown listener option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+    return options
 
 
 def _child_main(spec: _ChildSpec, ready: Any = None) -> None:
