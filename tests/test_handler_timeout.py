@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -21,6 +19,7 @@ from pawn_queue_sync import Message, PawnQueue, load_config
 from pawn_queue_sync.errors import LeaseLostError
 from pawn_queue_sync.runtime import DrainResult, Listener, drain
 from pawn_queue_sync.storage.memory import MemoryStore
+from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
 #: Short leases: stale after 3 s (+1 s grace), renewed every second.
@@ -47,24 +46,6 @@ def memory_queue(hooks: Callable[[str, str], None] | None = None) -> PawnQueue:
 
 def publish(pq: PawnQueue, n: int) -> list[str]:
     return pq.register_producer("producer").publish_batch(TOPIC, [{"n": i} for i in range(n)])
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=fn, name="test-runner", daemon=True)
-    thread.start()
-    return thread
-
-
-def join(thread: threading.Thread) -> None:
-    thread.join(DEADLINE)
-    assert not thread.is_alive(), f"{thread.name} did not finish within {DEADLINE} s"
 
 
 def runtime_threads() -> list[str]:

@@ -27,6 +27,7 @@ from pawn_queue_sync.runtime import LeaseRefresher, Listener
 from pawn_queue_sync.runtime import listen as listen_module
 from pawn_queue_sync.storage.base import ConditionFailed
 from pawn_queue_sync.storage.memory import MemoryStore
+from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
 #: Short leases: stale after 3 s, renewed every second (the fence trusts 1 s).
@@ -53,24 +54,6 @@ def memory_queue(hooks: Callable[[str, str], None] | None = None,
 
 def publish(pq: PawnQueue, n: int) -> list[str]:
     return pq.register_producer("producer").publish_batch(TOPIC, [{"n": i} for i in range(n)])
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=fn, name="test-runner", daemon=True)
-    thread.start()
-    return thread
-
-
-def join(thread: threading.Thread) -> None:
-    thread.join(DEADLINE)
-    assert not thread.is_alive(), f"{thread.name} did not finish within {DEADLINE} s"
 
 
 class LeaseWrites:

@@ -47,6 +47,7 @@ from pawn_queue_sync.runtime.workers import (
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests import runtime_handlers
 from tests.servers import S3Server, config_dict
+from tests.threads import join, run_in_thread
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "jobs"
@@ -116,17 +117,6 @@ class Recorder:
             self.handled.append(msg.id)
             if self.target is not None and len(set(self.handled)) >= self.target:
                 self.reached.set()
-
-
-def run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=fn, name="test-runner", daemon=True)
-    thread.start()
-    return thread
-
-
-def join(thread: threading.Thread) -> None:
-    thread.join(DEADLINE)
-    assert not thread.is_alive(), f"{thread.name} did not finish within {DEADLINE} s"
 
 
 # -- Listener on SeaweedFS ----------------------------------------------------------------
