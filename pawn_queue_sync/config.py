@@ -186,6 +186,18 @@ def _endpoint(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         # Not echoed: a URL may carry user:password.
         raise ConfigError(_where(inst, attr), "must be an http:// or https:// URL with a host")
+    # A raw '/', '?' or '#' in a user name or password ends the URL's host part early:
+    # the password would then be taken for a path (and shown unmasked), or for a port.
+    if "@" in value[len(parts.scheme) + 3 + len(parts.netloc):]:
+        raise ConfigError(
+            _where(inst, attr),
+            "has an '@' after a '/', '?' or '#': percent-encode those characters in the "
+            "user name or password (%2F, %3F, %23)",
+        )
+    try:
+        parts.port  # noqa: B018  (parses the port: ValueError if it is not a number)
+    except ValueError:
+        raise ConfigError(_where(inst, attr), "has a port that is not a number") from None
 
 
 def _bucket(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:

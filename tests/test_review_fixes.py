@@ -131,3 +131,137 @@ def test_a_misspelled_listener_option_is_refused_before_any_worker_starts() -> N
     pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
                       listener_options={"handler_timeout_seconds": 300, "idle_timeout": 1})
     assert pool is not None
+
+
+@pytest.mark.parametrize("second", ["ack", "nack"])
+def test_a_second_settle_during_a_failing_ack_waits_and_does_its_work(second: str) -> None:
+    """An ``ack()`` or ``nack()`` called while another ack of the message was under way
+    returned at once having done nothing; when the first ack then failed, the message
+    stayed leased though the caller was told it was settled."""
+    import threading
+
+    from tests.threads import join, run_in_thread, wait_until
+
+    first = {"blocked": True}
+    entered, release = threading.Event(), threading.Event()
+
+    def hook(op: str, key: str) -> None:
+        if op.startswith("delete") and "/messages/" in key and first["blocked"]:
+            first["blocked"] = False
+            entered.set()
+            assert release.wait(30)
+            raise StorageError("the first ack's DELETE failed", key=key)
+
+    with PawnQueue({}, store=MemoryStore(hooks=hook)) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish("orders", {"n": 1})
+        [msg] = pq.register_consumer("c", ["orders"]).poll()
+        outcome: dict[str, object] = {}
+
+        def first_ack() -> None:
+            try:
+                msg.ack()
+            except StorageError as exc:
+                outcome["first"] = exc
+
+        a = run_in_thread(first_ack)
+        assert entered.wait(30)
+        b = run_in_thread(lambda: getattr(msg, second)())
+        wait_until(lambda: not b.is_alive() or msg.settling, "the second call to start")
+        assert b.is_alive(), "the second call returned while the first ack was under way"
+        release.set()
+        join(a)
+        join(b)
+        assert isinstance(outcome["first"], StorageError)
+        assert msg.state == ("acked" if second == "ack" else "nacked")
+        assert pq.topic_stats("orders") == {
+            "pending": 0, "leased": 0, "dead_letter": 1 if second == "nack" else 0}
+
+
+def test_a_server_that_sends_no_last_modified_still_serves_polls_and_registrations() -> None:
+    """With ``LastModified`` missing (None, never the client clock), the registry's rank
+    and re-registration subtracted None from a datetime: every poll that found messages
+    with a peer registered raised TypeError, and drain() never returned."""
+    import attrs
+
+    from pawn_queue_sync.runtime import drain
+
+    class NoLastModified(MemoryStore):
+        def list(self, prefix: str, **kwargs: object):  # type: ignore[no-untyped-def]
+            listing = super().list(prefix, **kwargs)  # type: ignore[arg-type]
+            objects = [attrs.evolve(o, last_modified=None) for o in listing.objects]
+            return attrs.evolve(listing, objects=objects)
+
+        def get(self, key: str):  # type: ignore[no-untyped-def]
+            return attrs.evolve(super().get(key), last_modified=None)
+
+    with PawnQueue({}, store=NoLastModified()) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(5)])
+        pq.register_consumer("peer", ["orders"])
+        pq.register_consumer("c", ["orders"])
+        consumer = pq.register_consumer("c", ["orders"])  # registering again
+        result = drain(consumer, lambda msg: None, idle_timeout_s=0.3)
+        assert result.processed == 5
+        assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
+
+
+def test_drain_returns_when_the_store_stays_down_for_its_idle_timeout() -> None:
+    """``drain(idle_timeout_s=...)`` (and ``listen(idle_timeout=...)``) never returned
+    while every poll failed: the error branch skipped the idle check."""
+    from pawn_queue_sync import StoreUnavailable
+    from pawn_queue_sync.runtime.listen import Listener
+    from tests.threads import join, run_in_thread
+
+    down = {"on": False}
+
+    def hook(op: str, key: str) -> None:
+        if down["on"] and op == "list":
+            raise StoreUnavailable("the server went away")
+
+    with PawnQueue({}, store=MemoryStore(hooks=hook)) as pq:
+        pq.create_topic("orders")
+        consumer = pq.register_consumer("c", ["orders"])
+        down["on"] = True
+        listener = Listener(consumer, lambda msg: None, idle_timeout=0.5)
+        join(run_in_thread(listener.run), timeout=30)
+        assert listener.stats.poll_errors >= 1 and listener.stats.processed == 0
+
+
+@pytest.mark.parametrize("password", ["S3CRETpw#1", "S3CRETpw?1", "S3CRETpw/1", "x:S3CRETpw"])
+def test_an_endpoint_password_with_url_delimiters_is_refused_unshown(password: str) -> None:
+    """A raw '#', '?' or '/' in the endpoint's password ended the masked part early: the
+    password showed in ``repr(config)`` and errors (or became an untyped ValueError)."""
+    from pawn_queue_sync import ConfigError, load_config
+
+    url = f"http://user:{password}@127.0.0.1:9000"
+    if password.startswith("x:"):  # a ':' is fine: the whole userinfo is masked
+        config = load_config({"s3": {"endpoint_url": url, "bucket_name": "my-queue"}})
+        assert "S3CRETpw" not in repr(config)
+        return
+    with pytest.raises(ConfigError, match="percent-encode") as info:
+        load_config({"s3": {"endpoint_url": url, "bucket_name": "my-queue"}})
+    assert "S3CRETpw" not in str(info.value)
+
+
+def test_a_lease_about_to_reach_its_fence_does_not_fail_its_whole_ack_batch() -> None:
+    """An ack batch is sent before the fence of its oldest lease; one lease with 10 ms
+    of fence left among 50 fresh ones made the whole batch miss that deadline."""
+    import time
+
+    def slow_deletes(op: str, key: str) -> None:
+        if op.startswith("delete"):
+            time.sleep(0.02)
+
+    with PawnQueue({}, store=MemoryStore(hooks=slow_deletes)) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(51)])
+        consumer = pq.register_consumer("c", ["orders"])
+        msgs = consumer.poll(51)
+        assert len(msgs) == 51
+        ctx = consumer.context
+        window = ctx.visibility - ctx.fence_margin()
+        msgs[0].lease_written_at = ctx.clock.monotonic() - window + 0.01
+        consumer.ack_many(msgs)
+        assert all(m.state == "acked" for m in msgs)
+        assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}

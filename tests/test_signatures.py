@@ -238,3 +238,18 @@ def test_odd_endpoints_sign_correctly(
 
 def test_the_admin_credentials_are_what_the_fixtures_use(real_s3: S3Server) -> None:
     assert (real_s3.access_key, real_s3.secret_key) == (ACCESS_KEY, SECRET_KEY)
+
+
+def test_read_only_credentials_fail_at_setup_after_admin_ones_probed_the_bucket(
+    checked: S3Server, real_bucket: str
+) -> None:
+    """The probe's result was cached per endpoint and bucket only: read-only credentials
+    in a process whose admin queue had probed the bucket passed setup and failed later."""
+    with PawnQueue.from_config(config_dict(checked, real_bucket)) as admin:
+        admin.create_topic("orders")
+    assert checked.readonly is not None
+    key, secret = checked.readonly
+    config = config_dict(checked, real_bucket,
+                         s3={"aws_access_key_id": key, "aws_secret_access_key": secret})
+    with pytest.raises(StoreUnavailable, match="read-only"):
+        PawnQueue.from_config(config).setup()

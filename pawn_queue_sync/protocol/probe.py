@@ -253,7 +253,7 @@ def _cache_key(store: Store) -> str | None:
         return store.describe()
     s3 = _s3_store_class()
     if s3 is not None and type(store) is s3:
-        return store.describe()
+        return store.identity()  # type: ignore[attr-defined,no-any-return]
     return None
 
 

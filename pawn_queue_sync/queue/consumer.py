@@ -64,6 +64,9 @@ _CSPRNG_GROUP = 32
 #: An ack re-proves a message's lease at most this many times before giving up on it
 #: for now (it stays leased): each proof must be followed by its delete within the fence.
 _ACK_ROUNDS = 3
+#: Seconds an ack batch keeps in hand before the fence of its oldest lease (at most a
+#: quarter of the fence window): a lease closer to its fence is re-proven first.
+_ACK_ROOM_SECONDS = 1.0
 #: Every live consumer, so a forked child can give them fresh locks.
 _CONSUMERS: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
@@ -641,14 +644,19 @@ class Consumer:
         """
         todo: list[Message] = []
         lost: list[Message] = []
+        others: list[Message] = []  # being acked by another call: its outcome is ours
         for msg in dict.fromkeys(msgs):
             with msg._lock:  # waits for a refresh under way
-                if msg.state in ("acked", "nacked") or msg._settling:
-                    continue  # done, or being settled by another call
+                if msg.state in ("acked", "nacked"):
+                    continue
+                if msg._settling:
+                    others.append(msg)
+                    continue
                 if msg.state != "leased":
                     lost.append(msg)
                     continue
                 msg._settling = True
+                msg._unsettled.clear()
             todo.append(msg)
         errors: list[StorageError] = []
         try:
@@ -657,6 +665,11 @@ class Consumer:
             for msg in todo:
                 with msg._lock:
                     msg._settling = False
+                    msg._unsettled.set()
+        if others:  # wait for the other ack; where it failed, ack again ourselves
+            for msg in others:
+                msg._unsettled.wait()
+            self.ack_many(others)
         unacked = [m for m in todo if m.state == "leased"]
         if unacked:
             cause = errors[0] if errors else None
@@ -680,11 +693,11 @@ class Consumer:
             fresh: list[Message] = []
             old: list[Message] = []
             for msg in pending:
-                (fresh if self._fresh(msg) else old).append(msg)
+                (fresh if self._fresh_to_ack(msg) else old).append(msg)
             self._delete_acked(fresh, errors)
             pending = []
             for proven in self._reproven(old, lost, errors):
-                ready = [m for m in proven if self._fresh(m)]
+                ready = [m for m in proven if self._fresh_to_ack(m)]
                 self._delete_acked(ready, errors)
                 aged = set(proven).difference(ready)  # proven too long ago: again
                 pending.extend(m for m in proven if m in aged)
@@ -751,9 +764,9 @@ class Consumer:
     def nack(self, msg: Message, reason: str | None = None) -> None:
         """Write the message to the dead-letter prefix with ``reason``, then delete it
         and its lease. If the dead-letter write fails, nothing is deleted."""
-        with msg._lock:
-            if msg.state in ("acked", "nacked") or msg._settling:
-                return  # done, or an ack is under way
+        with self._unsettled_lock(msg):
+            if msg.state in ("acked", "nacked"):
+                return  # done (by an ack that just finished, too)
             if msg.state != "leased":
                 raise LeaseLostError(msg.id, f"message was {msg.state}")
             self._fence(msg)
@@ -773,6 +786,22 @@ class Consumer:
             self._delete_version(msg.key, msg.etag, self._fence_ends(msg), msg.body)
             self._settled(msg, "nacked")
         self._drop_lease(msg.lease_key, msg.lease_token)
+
+    @staticmethod
+    @contextmanager
+    def _unsettled_lock(msg: Message) -> Iterator[None]:
+        """``msg``'s lock, taken once no ack of it is under way (waiting for one
+        outside the lock, which the ack needs to finish)."""
+        while True:
+            msg._unsettled.wait()
+            msg._lock.acquire()
+            if not msg._settling:
+                break
+            msg._lock.release()  # another ack began meanwhile: wait for it too
+        try:
+            yield
+        finally:
+            msg._lock.release()
 
     def release(self, msg: Message) -> None:
         """Give the lease back so the message is delivered again at once."""
@@ -914,6 +943,14 @@ class Consumer:
         stale, and this one was written well within a visibility timeout ago."""
         return self._ctx.clock.monotonic() < self._fence_ends(msg)
 
+    def _fresh_to_ack(self, msg: Message) -> bool:
+        """Fresh, with time left to send the deletes: a batch's requests must leave
+        before the fence of its oldest lease, so one about to reach its fence is
+        re-proven first rather than fail the whole batch by its deadline."""
+        window = self._ctx.visibility - self._ctx.fence_margin()
+        room = min(_ACK_ROOM_SECONDS, window / 4)
+        return self._ctx.clock.monotonic() + room < self._fence_ends(msg)
+
     def _fence_ends(self, msg: Message) -> float:
         """When (monotonic) our lease stops being certainly ours without asking: the
         deadline of the requests that act on it (the store sends no attempt after it)."""
@@ -1033,6 +1070,9 @@ def _reset_locks_after_fork() -> None:
         consumer._lock = threading.Lock()
         for msg in consumer._inflight.values():
             msg._lock = threading.RLock()
+            msg._settling = False  # the acking thread is not in the child
+            msg._unsettled = threading.Event()
+            msg._unsettled.set()
 
 
 if hasattr(os, "register_at_fork"):

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
 State = Literal["leased", "acked", "nacked", "released", "lost"]
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @attrs.define(eq=False)
 class Message:
     """One message, claimed by a consumer: read its fields, then ``ack()`` or ``nack()``.
@@ -44,6 +50,9 @@ class Message:
     _lock: threading.RLock = attrs.field(factory=threading.RLock, repr=False, init=False)
     #: an ack of this message is under way: refreshes, nacks and releases stand aside
     _settling: bool = attrs.field(default=False, repr=False, init=False)
+    #: set while no ack is under way: a second ack or a nack waits on it, then looks
+    #: again at what the first one did
+    _unsettled: threading.Event = attrs.field(factory=_set_event, repr=False, init=False)
 
     @property
     def created_at_datetime(self) -> datetime | None:

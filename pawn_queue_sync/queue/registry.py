@@ -155,10 +155,12 @@ def _rewrite(ctx: Context, entry: RegistryEntry) -> RegistryEntry:
         return entry
 
 
-def _older_than_a_beat(ctx: Context, written: datetime, server_now: datetime | None) -> bool:
+def _older_than_a_beat(
+    ctx: Context, written: datetime | None, server_now: datetime | None
+) -> bool:
     """Whether an entry written at ``written`` (server clock) is a heartbeat interval
-    old or more by ``server_now``; unknown server time: yes (rewrite, to be safe)."""
-    if server_now is None:
+    old or more by ``server_now``; either time unknown: yes (rewrite, to be safe)."""
+    if server_now is None or written is None:
         return True
     age = (server_now - written).total_seconds()
     return age >= ctx.config.registry.heartbeat_interval_seconds
@@ -177,6 +179,7 @@ def rank(ctx: Context, role: Role, entity_id: str) -> tuple[int, int]:
     window = LIVENESS_HEARTBEATS * ctx.config.registry.heartbeat_interval_seconds
     keys = sorted({
         info.key for info in listing.objects
-        if now is None or (now - info.last_modified).total_seconds() <= window
+        if now is None or info.last_modified is None
+        or (now - info.last_modified).total_seconds() <= window
     } | {ours})
     return keys.index(ours), len(keys)

@@ -532,10 +532,14 @@ class Listener:
                     self._unreserve(n)
                     with self._cond:
                         self.stats.poll_errors += 1
+                        busy = self._live() > 0
                     log.warning("listener %s: poll failed (retrying in %.1f s): %s",
                                 self._name, error_wait, exc,
                                 exc_info=not isinstance(exc, PawnQueueError))
-                    if self._wait(error_wait):
+                    # A failing poll finds nothing either: a store down for idle_timeout
+                    # ends an idle-bounded run (drain) rather than hang it forever.
+                    idle_since, wait = self._idle_check(busy, idle_since, started, error_wait)
+                    if wait is None or self._wait(wait):
                         return
                     error_wait = min(error_wait * 2, POLL_ERROR_WAIT_MAX_S)
                     continue
@@ -557,25 +561,32 @@ class Listener:
                     # claim, and such a poll comes back empty with more to come.
                     busy = self._live() > 0 or not self._idle_at_reserve
                 wait = empty_wait + self._rng.uniform(0, self._polling.jitter_max_ms / 1000.0)
-                if self._idle_timeout is not None:
-                    if busy:
-                        idle_since = None
-                    else:
-                        idle_since = started if idle_since is None else idle_since
-                        left = self._idle_timeout - (time.monotonic() - idle_since)
-                        if left <= 0:
-                            log.info("listener %s: idle for %.1f s", self._name,
-                                     self._idle_timeout)
-                            self.stop()
-                            return
-                        wait = min(wait, left)
-                if self._wait(wait):
+                idle_since, until = self._idle_check(busy, idle_since, started, wait)
+                if until is None or self._wait(until):
                     return
                 empty_wait = min(empty_wait * 2, max_empty_wait)
         except BaseException:
             log.exception("listener %s: poll thread crashed; stopping", self._name)
             self.stop()
             raise
+
+    def _idle_check(
+        self, busy: bool, idle_since: float | None, started: float, wait: float
+    ) -> tuple[float | None, float | None]:
+        """After a poll that found nothing (``started`` when it began): when idleness
+        began, and how long to wait before the next poll; None once ``idle_timeout``
+        has passed with nothing in hand, having stopped the listener."""
+        if self._idle_timeout is None:
+            return idle_since, wait
+        if busy:
+            return None, wait
+        idle_since = started if idle_since is None else idle_since
+        left = self._idle_timeout - (time.monotonic() - idle_since)
+        if left <= 0:
+            log.info("listener %s: idle for %.1f s", self._name, self._idle_timeout)
+            self.stop()
+            return idle_since, None
+        return idle_since, min(wait, left)
 
     def _vet(self, msgs: list[Message]) -> list[Message]:
         """Renew now any lease that aged during a slow poll (claims of one poll run in

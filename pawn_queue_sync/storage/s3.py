@@ -15,6 +15,7 @@ which then builds its own client on first use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -101,6 +102,15 @@ class S3Store:
     def describe(self) -> str:
         endpoint = redact_endpoint(self._config.endpoint_url or "aws")
         return f"s3:{endpoint}/{self._bucket}"
+
+    def identity(self) -> str:
+        """What makes two stores the same for a capability probe's cached result: the
+        endpoint and bucket (``describe()``) and who we are to the server (a digest of
+        the access key id, or the default credential chain): read-only credentials must
+        be refused at setup even after admin ones probed the same bucket."""
+        who = self._config.aws_access_key_id or "default credential chain"
+        digest = hashlib.sha256(who.encode("utf-8")).hexdigest()[:16]
+        return f"{self.describe()} as {digest}"
 
     @property
     def bucket(self) -> str:
