@@ -186,6 +186,11 @@ def _endpoint(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         # Not echoed: a URL may carry user:password.
         raise ConfigError(_where(inst, attr), "must be an http:// or https:// URL with a host")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(
+            _where(inst, attr),
+            "must not contain spaces or control characters (percent-encode them)",
+        )
     # A raw '/', '?' or '#' in a user name or password ends the URL's host part early:
     # the password would then be taken for a path (and shown unmasked), or for a port.
     if "@" in value[len(parts.scheme) + 3 + len(parts.netloc):]:

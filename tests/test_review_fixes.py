@@ -44,7 +44,8 @@ def test_ctrl_c_in_a_consume_poll_gives_back_what_it_claimed(
         assert all(m.delivery_count == 1 for m in again)  # nothing counted as abandoned
 
 
-def test_a_poll_whose_claims_all_fail_raises_instead_of_looking_empty() -> None:
+@pytest.mark.parametrize("strategy", ["conditional_write", "csprng_verify"])
+def test_a_poll_whose_claims_all_fail_raises_instead_of_looking_empty(strategy: str) -> None:
     """On a full disk every claim's lease write failed, and ``poll()`` returned [] as if
     the topic were empty (``pawnq consume`` exited 0 with messages pending)."""
     full = False
@@ -53,7 +54,10 @@ def test_a_poll_whose_claims_all_fail_raises_instead_of_looking_empty() -> None:
         if full and op == "put" and "/leases/" in key:
             raise StoreFull("put failed: disk full (ENOSPC)", key=key)
 
-    with PawnQueue({}, store=MemoryStore(hooks=disk)) as pq:
+    config = {"concurrency": {"strategy": strategy,
+                              "csprng_verify": {"jitter_min_ms": 5, "jitter_max_ms": 10}}}
+    with PawnQueue(config, store=MemoryStore(hooks=disk)) as pq:
+        assert pq.strategy == strategy
         pq.create_topic("orders")
         pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(3)])
         consumer = pq.register_consumer("c", ["orders"])
@@ -228,7 +232,9 @@ def test_drain_returns_when_the_store_stays_down_for_its_idle_timeout() -> None:
         assert listener.stats.poll_errors >= 1 and listener.stats.processed == 0
 
 
-@pytest.mark.parametrize("password", ["S3CRETpw#1", "S3CRETpw?1", "S3CRETpw/1", "x:S3CRETpw"])
+@pytest.mark.parametrize(
+    "password", ["S3CRETpw#1", "S3CRETpw?1", "S3CRETpw/1", "S3CRET pw", "S3CRET\tpw", "x:S3CRETpw"]
+)
 def test_an_endpoint_password_with_url_delimiters_is_refused_unshown(password: str) -> None:
     """A raw '#', '?' or '/' in the endpoint's password ended the masked part early: the
     password showed in ``repr(config)`` and errors (or became an untyped ValueError)."""
@@ -239,7 +245,7 @@ def test_an_endpoint_password_with_url_delimiters_is_refused_unshown(password: s
         config = load_config({"s3": {"endpoint_url": url, "bucket_name": "my-queue"}})
         assert "S3CRETpw" not in repr(config)
         return
-    with pytest.raises(ConfigError, match="percent-encode") as info:
+    with pytest.raises(ConfigError, match="percent-encode") as info:  # and not shown
         load_config({"s3": {"endpoint_url": url, "bucket_name": "my-queue"}})
     assert "S3CRETpw" not in str(info.value)
 
@@ -265,3 +271,62 @@ def test_a_lease_about_to_reach_its_fence_does_not_fail_its_whole_ack_batch() ->
         consumer.ack_many(msgs)
         assert all(m.state == "acked" for m in msgs)
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
+
+
+def test_a_nack_in_a_child_forked_during_an_ack_does_not_hang() -> None:
+    """A fork while an ack was deleting the message's lease: the child's copy of the
+    message was acked but still marked as being settled, and ``nack()`` there waited
+    forever for an ack that does not exist in the child."""
+    import os
+    import signal
+    import threading
+
+    from tests.threads import join, run_in_thread
+
+    in_lease_delete, go_on = threading.Event(), threading.Event()
+
+    def hook(op: str, key: str) -> None:
+        if op.startswith("delete") and "/leases/" in key:
+            in_lease_delete.set()
+            assert go_on.wait(30)
+
+    with PawnQueue({}, store=MemoryStore(hooks=hook)) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish("orders", {"n": 1})
+        [msg] = pq.register_consumer("c", ["orders"]).poll()
+        acking = run_in_thread(msg.ack)
+        assert in_lease_delete.wait(30)
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread exists
+            signal.alarm(10)
+            try:
+                msg.nack("in the child")
+                os._exit(0 if msg.state == "acked" else 3)
+            except BaseException:
+                os._exit(4)
+        go_on.set()
+        join(acking)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_passing_poll_failure_does_not_end_a_drain_that_found_nothing_yet() -> None:
+    """Counting failing polls toward idleness made ``drain(idle_timeout_s=0)`` give up
+    after one transient error, with every message still pending."""
+    from pawn_queue_sync import StoreUnavailable
+    from pawn_queue_sync.runtime import drain
+
+    blips = {"left": 1}
+
+    def hook(op: str, key: str) -> None:
+        if op == "list" and "/messages/" in key and blips["left"]:
+            blips["left"] -= 1
+            raise StoreUnavailable("503 SlowDown, once")
+
+    with PawnQueue({}, store=MemoryStore(hooks=hook)) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(20)])
+        result = drain(pq.register_consumer("c", ["orders"]), lambda m: None,
+                       idle_timeout_s=0)
+        assert (result.processed, result.poll_errors) == (20, 1)
+        assert pq.topic_stats("orders")["pending"] == 0

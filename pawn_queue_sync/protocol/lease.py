@@ -230,9 +230,12 @@ def claim_csprng_batch(
     relist_after: float | None = None,
     ranges: KeyRange | None = None,
     on_written: Callable[[list[str]], object] | None = None,
+    errors: list[StorageError] | None = None,
 ) -> Protocol[list[str | None]]:
     """:func:`claim_csprng` for many lease keys under ``prefix`` at once; returns our
     token or None per claim, in order. Needs a read-after-write consistent LIST.
+    ``errors`` (if given) receives the store errors of lease writes that failed (their
+    claims are None, like lost ones), so a caller can tell a failing store from rivals.
 
     The keys must have been free (or reaped) after a LIST of ``prefix`` sent at
     ``listed_at`` (the monotonic clock): that listing is the "is it free" check while
@@ -276,7 +279,10 @@ def claim_csprng_batch(
                     listed_at = now
         until = listed_at + fresh
         todo = [(key, body) for key, body in chunk if key not in taken]
-        done = (yield Parallel(tuple(_put_if_free(k, b, until) for k, b in todo))) if todo else []
+        done = (
+            (yield Parallel(tuple(_put_if_free(k, b, until, errors) for k, b in todo)))
+            if todo else []
+        )
         written.update(zip((key for key, _ in todo), done))
     held = {key: token for key, token in written.items() if token is not None}
     if held:
@@ -328,15 +334,19 @@ class KeyRange:
         return {key: token for key, token in held.items() if etags.get(key) == token}
 
 
-def _put_if_free(key: str, body: LeaseBody, fresh_until: float) -> Protocol[str | None]:
+def _put_if_free(
+    key: str, body: LeaseBody, fresh_until: float, errors: list[StorageError] | None = None
+) -> Protocol[str | None]:
     """Write our lease unless the key is held: the caller's listing says it is free
     until ``fresh_until``, later a HEAD must. Returns our token, or None (held, or an
-    error: a lease we may have written goes stale and is reaped)."""
+    error, added to ``errors``: a lease we may have written goes stale and is reaped)."""
     try:
         if (yield Now()) > fresh_until and not (yield from _free(key)):
             return None
         result = yield Put(key, body.encode())
-    except StorageError:
+    except StorageError as exc:
+        if errors is not None:
+            errors.append(exc)
         return None
     return _token_of(result, body)
 

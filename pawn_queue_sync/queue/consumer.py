@@ -472,6 +472,7 @@ class Consumer:
         threads = ctx.config.polling.claim_threads
         pool = ctx.pool("claim", threads)
         reads: dict[str, Future[GetResult]] = {}
+        write_errors: list[StorageError] = []
 
         def read_ahead(lease_keys: list[str]) -> None:
             for lease_key in lease_keys:
@@ -487,12 +488,17 @@ class Consumer:
                         topic, leases.KeyRange(layout.leases_prefix(topic))
                     ),
                     on_written=read_ahead,
+                    errors=write_errors,
                 ),
                 ctx.store, ctx.clock, pool,
             )
         except StorageError as exc:  # leases we wrote go stale and are reaped
             log.warning("claim of %d message(s) on %s failed: %s", len(claims), topic, exc)
             raise
+        if write_errors and not any(tokens):
+            # every lease write that did not meet a rival failed (a full disk, a store
+            # refusing writes): say so, rather than look like an empty topic
+            raise write_errors[0]
         won = [
             _Won(key, mid, lease_key, token, started)
             for (key, mid), (lease_key, _body), token in zip(candidates, claims, tokens)
@@ -666,10 +672,14 @@ class Consumer:
                 with msg._lock:
                     msg._settling = False
                     msg._unsettled.set()
+        others_error: StorageError | LeaseLostError | None = None
         if others:  # wait for the other ack; where it failed, ack again ourselves
             for msg in others:
                 msg._unsettled.wait()
-            self.ack_many(others)
+            try:
+                self.ack_many(others)
+            except (StorageError, LeaseLostError) as exc:
+                others_error = exc  # reported after our own (a StorageError first)
         unacked = [m for m in todo if m.state == "leased"]
         if unacked:
             cause = errors[0] if errors else None
@@ -679,8 +689,12 @@ class Consumer:
                 f"{len(unacked)} message(s) not acked, still leased{also}: {why}",
                 key=unacked[0].key,
             ) from cause
+        if isinstance(others_error, StorageError):
+            raise others_error
         if lost:
             raise LeaseLostError(lost[0].id, f"{len(lost)} message(s) not acked")
+        if others_error is not None:
+            raise others_error
 
     def _ack_fenced(
         self, todo: list[Message], lost: list[Message], errors: list[StorageError]
@@ -793,6 +807,9 @@ class Consumer:
         """``msg``'s lock, taken once no ack of it is under way (waiting for one
         outside the lock, which the ack needs to finish)."""
         while True:
+            if msg.state in ("acked", "nacked"):  # settled (maybe before a fork)
+                msg._lock.acquire()
+                break
             msg._unsettled.wait()
             msg._lock.acquire()
             if not msg._settling:

@@ -42,6 +42,9 @@ class DrainResult(NamedTuple):
     failed: int
     dead_lettered: int
     timed_out: int = 0
+    #: polls that failed (store errors, logged): non-zero with nothing processed means
+    #: the store was unreachable, not that the topics were empty
+    poll_errors: int = 0
 
 
 def drain(
@@ -95,4 +98,4 @@ def drain(
     s = listener.stats
     log.debug("drain of %s: %s", consumer.topics, s)
     return DrainResult(processed=s.processed, failed=s.failed, dead_lettered=s.dead_lettered,
-                       timed_out=s.timed_out)
+                       timed_out=s.timed_out, poll_errors=s.poll_errors)

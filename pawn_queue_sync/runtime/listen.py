@@ -71,6 +71,9 @@ EMPTY_POLL_WAIT_S = 0.1
 #: First pause after a failed poll (doubles up to ``POLL_ERROR_WAIT_MAX_S``).
 POLL_ERROR_WAIT_S = 0.5
 POLL_ERROR_WAIT_MAX_S = 30.0
+#: Failing polls end an idle-bounded run only once they have failed for this long (or
+#: ``idle_timeout``, if longer): a passing blip must not end a drain that found nothing.
+OUTAGE_IDLE_MIN_S = 10.0
 #: Pause before retrying a failed ack batch (doubles up to 10 s).
 ACK_ERROR_WAIT_S = 0.2
 #: Characters of error text recorded in a message (``last_error``, dead-letter reason).
@@ -538,7 +541,8 @@ class Listener:
                                 exc_info=not isinstance(exc, PawnQueueError))
                     # A failing poll finds nothing either: a store down for idle_timeout
                     # ends an idle-bounded run (drain) rather than hang it forever.
-                    idle_since, wait = self._idle_check(busy, idle_since, started, error_wait)
+                    idle_since, wait = self._idle_check(
+                        busy, idle_since, started, error_wait, at_least=OUTAGE_IDLE_MIN_S)
                     if wait is None or self._wait(wait):
                         return
                     error_wait = min(error_wait * 2, POLL_ERROR_WAIT_MAX_S)
@@ -571,19 +575,23 @@ class Listener:
             raise
 
     def _idle_check(
-        self, busy: bool, idle_since: float | None, started: float, wait: float
+        self, busy: bool, idle_since: float | None, started: float, wait: float,
+        at_least: float = 0.0,
     ) -> tuple[float | None, float | None]:
         """After a poll that found nothing (``started`` when it began): when idleness
         began, and how long to wait before the next poll; None once ``idle_timeout``
-        has passed with nothing in hand, having stopped the listener."""
+        (or ``at_least``, if longer) has passed with nothing in hand, having stopped
+        the listener."""
         if self._idle_timeout is None:
             return idle_since, wait
         if busy:
             return None, wait
         idle_since = started if idle_since is None else idle_since
-        left = self._idle_timeout - (time.monotonic() - idle_since)
+        timeout = max(self._idle_timeout, at_least)
+        left = timeout - (time.monotonic() - idle_since)
         if left <= 0:
-            log.info("listener %s: idle for %.1f s", self._name, self._idle_timeout)
+            log.info("listener %s: idle for %.1f s%s", self._name, timeout,
+                     " (polls failing)" if at_least else "")
             self.stop()
             return idle_since, None
         return idle_since, min(wait, left)
