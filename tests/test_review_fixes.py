@@ -330,3 +330,34 @@ def test_a_passing_poll_failure_does_not_end_a_drain_that_found_nothing_yet() ->
                        idle_timeout_s=0)
         assert (result.processed, result.poll_errors) == (20, 1)
         assert pq.topic_stats("orders")["pending"] == 0
+
+
+def test_ctrl_c_during_a_csprng_batch_claim_gives_back_its_leases() -> None:
+    """With csprng_verify a poll's batch claim runs on the caller's thread: Ctrl-C during
+    its verification left every lease it wrote, so the messages stayed invisible for a
+    visibility timeout and then counted an abandoned delivery each."""
+    interrupt = {"armed": False, "wrote": False}
+
+    def hook(op: str, key: str) -> None:
+        if not interrupt["armed"] or "/leases/" not in key:
+            return
+        if op == "put":
+            interrupt["wrote"] = True
+        elif op == "list" and interrupt["wrote"]:  # a verification round
+            interrupt["armed"] = False
+            raise KeyboardInterrupt  # as a signal would, in the polling thread
+
+    config = {"concurrency": {"strategy": "csprng_verify",
+                              "csprng_verify": {"jitter_min_ms": 5, "jitter_max_ms": 10}}}
+    with PawnQueue(config, store=MemoryStore(hooks=hook)) as pq:
+        pq.create_topic("orders")
+        pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(10)])
+        consumer = pq.register_consumer("c", ["orders"])
+        consumer.poll(1)[0].release()  # the first poll lists leases before it claims
+        interrupt["armed"] = True
+        with pytest.raises(KeyboardInterrupt):
+            consumer.poll(10)
+        assert not interrupt["armed"], "the verification listing never ran"
+        assert pq.topic_stats("orders") == {"pending": 10, "leased": 0, "dead_letter": 0}
+        again = consumer.poll(10)
+        assert len(again) == 10 and all(m.delivery_count == 1 for m in again)

@@ -495,6 +495,9 @@ class Consumer:
         except StorageError as exc:  # leases we wrote go stale and are reaped
             log.warning("claim of %d message(s) on %s failed: %s", len(claims), topic, exc)
             raise
+        except BaseException:  # Ctrl-C mid-batch: give back what we wrote, then stop
+            self._withdraw(claims)
+            raise
         if write_errors and not any(tokens):
             # every lease write that did not meet a rival failed (a full disk, a store
             # refusing writes): say so, rather than look like an empty topic
@@ -505,6 +508,20 @@ class Consumer:
             if token is not None
         ]
         return [self._fetch_safely(topic, w, reads.get(w.lease_key)) for w in won]
+
+    def _withdraw(self, claims: Sequence[tuple[str, leases.LeaseBody]]) -> None:
+        """Delete the leases of an interrupted batch claim that still hold our bytes
+        (a lease body is unique: its nonce), so their messages are not left invisible
+        for a visibility timeout and then counted as abandoned deliveries. Best effort:
+        one GET per claim; what fails goes stale and is reaped as before."""
+        store, if_match = self._ctx.store, self._ctx.caps.if_match
+        for lease_key, body in claims:
+            try:
+                got = store.get(lease_key)
+                if got.body == body.encode():
+                    store.delete(lease_key, if_match=got.etag if if_match else None)
+            except StorageError:
+                continue
 
     def _fetch_safely(
         self, topic: str, won: _Won, read: Future[GetResult] | None
