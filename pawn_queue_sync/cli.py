@@ -392,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", "-c", default=argparse.SUPPRESS,
                         help="YAML configuration file (env PAWNQUEUE_* too)")
-    common.add_argument("--verbose", "-v", action="count", default=argparse.SUPPRESS,
+    common.add_argument("--verbose", "-v", action="count", dest="verbose_after",
+                        default=argparse.SUPPRESS,
                         help="more logging; errors with their traceback")
 
     demo = sub.add_parser("demo", parents=[common],
@@ -468,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit:  # --help, or a usage error: its output must not fail at exit
             sys.stdout.flush()
             raise
+        args.verbose += getattr(args, "verbose_after", 0)  # -v before and after add up
         verbose = args.verbose > 0
         level = logging.WARNING - 10 * min(args.verbose, 2)
         logging.basicConfig(level=level,

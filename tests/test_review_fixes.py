@@ -361,3 +361,8 @@ def test_ctrl_c_during_a_csprng_batch_claim_gives_back_its_leases() -> None:
         assert pq.topic_stats("orders") == {"pending": 10, "leased": 0, "dead_letter": 0}
         again = consumer.poll(10)
         assert len(again) == 10 and all(m.delivery_count == 1 for m in again)
+
+
+def test_verbose_before_and_after_the_command_add_up() -> None:
+    args = cli.build_parser().parse_args(["-vv", "consume", "orders", "-v"])
+    assert args.verbose + args.verbose_after == 3
