@@ -562,7 +562,8 @@ def test_6_an_error_listing_leases_never_frees_a_message(site, strategy):
 def test_6_csprng_an_error_checking_the_lease_key_claims_nothing(site):
     """The poll's lease listing is too old by the time the batch claims (the clock
     jumps past jitter_min after it): the batch lists again, which fails, so the key
-    gets a HEAD, which fails too."""
+    gets a HEAD, which fails too; the poll says the store failed (it raises, as every
+    poll that claimed nothing for a store error does)."""
     producer_q, _ = site.queue("csprng_verify")
     producer_q.register_producer("p").publish(TOPIC, {"n": 6})
     clock = JumpingClock()
@@ -577,7 +578,9 @@ def test_6_csprng_an_error_checking_the_lease_key_claims_nothing(site):
     b_store.on("list", prefix, after=jump_then_fail_the_next_listing)
     b_store.on("head", prefix, fail=StorageError("injected: 500"))
     b_store.reset()
-    assert b.poll() == []
+    with pytest.raises(StorageError, match="injected: 500"):
+        b.poll()
+    assert b.inflight() == []
     assert b_store.count("list", prefix) == 2  # the poll's, and the failed re-listing
     assert b_store.count("head", prefix) == 1
     assert b_store.count("put") == 0 and leases(b_store) == {}
@@ -604,8 +607,10 @@ def test_6_csprng_a_stale_listing_is_renewed_by_one_list_not_a_head_per_key(site
 
 
 def test_6_csprng_an_error_verifying_a_batch_claims_nothing(site):
-    """The first verification LIST fails: nothing is delivered, and the lease we wrote
-    (maybe ours, unproven) is left to go stale rather than trusted or deleted."""
+    """The first verification LIST fails: nothing is delivered, the poll says the store
+    failed (it raises, as every poll that claimed nothing for a store error does), and
+    the lease we wrote (maybe ours, unproven) is left to go stale rather than trusted or
+    deleted."""
     producer_q, _ = site.queue("csprng_verify")
     mid = producer_q.register_producer("p").publish(TOPIC, {"n": 6})
     b, b_store = site.consumer("csprng_verify", "b")
@@ -613,7 +618,9 @@ def test_6_csprng_an_error_verifying_a_batch_claims_nothing(site):
         "list", layout.leases_prefix(TOPIC), fail=StorageError("injected: 503"))
     b_store.on("list", layout.leases_prefix(TOPIC), after=fail_next)
     b_store.reset()
-    assert b.poll() == []
+    with pytest.raises(StorageError, match="injected: 503"):
+        b.poll()
+    assert b.inflight() == []
     assert b_store.count("put", layout.leases_prefix(TOPIC)) == 1
     # the message was read ahead while verification waited, and is not delivered
     assert b_store.count("get") == b_store.count("get", layout.messages_prefix(TOPIC)) == 1
