@@ -143,7 +143,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             sent.extend(producer.publish_batch(topic, chunk))
             _progress("published", len(sent), n)
         published_s = time.monotonic() - started
-        _emit("")
+        _end_progress()
 
         consumer = pq.register_consumer("pawnq-demo-consumer", topics=[topic])
         seen: Counter[str] = Counter()
@@ -173,8 +173,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         duplicates = sum(c - 1 for c in seen.values() if c > 1)
         missing = len(wanted - seen.keys())
         stats = pq.topic_stats(topic)
+        _end_progress()
         _emit(
-            "",
             f"published {len(sent)} in {published_s:.2f}s, consumed {len(seen)} in "
             f"{consumed_s:.2f}s, duplicates {duplicates}, missing {missing}, "
             f"elapsed {time.monotonic() - started:.2f}s",
@@ -348,6 +348,12 @@ def _progress(label: str, done: int, total: int) -> None:
     filled = int(width * done / max(total, 1))
     sys.stdout.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
     sys.stdout.flush()
+
+
+def _end_progress() -> None:
+    """End a progress bar's line (on a terminal only, as the bar itself)."""
+    if sys.stdout.isatty():
+        _emit("")
 
 
 def _count(minimum: int) -> Any:

@@ -366,3 +366,14 @@ def test_ctrl_c_during_a_csprng_batch_claim_gives_back_its_leases() -> None:
 def test_verbose_before_and_after_the_command_add_up() -> None:
     args = cli.build_parser().parse_args(["-vv", "consume", "orders", "-v"])
     assert args.verbose + args.verbose_after == 3
+
+
+def test_demo_into_a_pipe_prints_no_empty_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The progress bar is shown on a terminal only, but its line ends were printed
+    everywhere: two empty lines in a file or a pipe."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "-n", "3"]) == cli.EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "" not in lines, lines
