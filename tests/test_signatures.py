@@ -22,7 +22,6 @@ from pawn_queue_sync.queue import layout
 from pawn_queue_sync.storage.s3 import S3Store
 from tests.servers import (
     ACCESS_KEY,
-    REGION,
     SECRET_KEY,
     S3Server,
     config_dict,
@@ -48,17 +47,9 @@ AWKWARD_KEYS = [
 def s3_store(
     server: S3Server, bucket: str, *, fast_path: bool, **over: Any
 ) -> S3Store:
-    settings: dict[str, Any] = {
-        "endpoint_url": server.endpoint_url,
-        "bucket_name": bucket,
-        "aws_access_key_id": server.access_key,
-        "aws_secret_access_key": server.secret_key,
-        "region_name": REGION,
-        "use_ssl": False,
-        "max_attempts": 2,
-        "fast_path": fast_path,
-        **over,
-    }
+    settings = config_dict(
+        server, bucket, s3={"max_attempts": 2, "fast_path": fast_path, **over}
+    )["s3"]
     store = S3Store(S3Config(**settings))
     assert store.fast_path is fast_path  # the path under test is the one taken
     return store
