@@ -307,7 +307,7 @@ def _release(msgs: Sequence[Message]) -> None:
 
 def cmd_dead_letter(args: argparse.Namespace) -> int:
     """List the dead-letter objects of a topic (id and reason), or print one whole."""
-    from .queue import layout
+    from . import layout
 
     with _queue(args) as pq:
         pq.context.require_topic(args.topic)

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue
-from pawn_queue_sync.queue import layout
+from pawn_queue_sync import PawnQueue, layout
 from tests.test_consumer_regressions import TOPIC, memory_queue, objects
 
 WHEN = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)

@@ -29,8 +29,8 @@ from pawn_queue_sync import (
     RegistrationError,
     StoreUnavailable,
     TopicNotFoundError,
+    layout,
 )
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.queue.registry import stable_id
 from tests.servers import S3Server, closed_port, config_dict, deep_merge
 

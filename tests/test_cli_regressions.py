@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import cli
+from pawn_queue_sync import cli, layout
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.errors import PublishError, StorageError
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.queue import producer as producer_module
 from pawn_queue_sync.queue.core import PawnQueue
 from pawn_queue_sync.storage.memory import MemoryStore

@@ -24,9 +24,15 @@ import attrs
 import pytest
 from hypothesis import given, settings
 
-from pawn_queue_sync import ConfigError, LeaseLostError, PawnQueue, StorageError, load_config
+from pawn_queue_sync import (
+    ConfigError,
+    LeaseLostError,
+    PawnQueue,
+    StorageError,
+    layout,
+    load_config,
+)
 from pawn_queue_sync.clock import SystemClock
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.storage.base import PutResult
 from pawn_queue_sync.storage.memory import MemoryStore, _Object
 from tests.servers import deep_merge

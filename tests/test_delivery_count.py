@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue, StorageError
-from pawn_queue_sync.queue import layout
+from pawn_queue_sync import PawnQueue, StorageError, layout
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests.servers import deep_merge
 from tests.test_consumer_regressions import (

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue
-from pawn_queue_sync.queue import layout
+from pawn_queue_sync import PawnQueue, layout
 from pawn_queue_sync.queue.registry import stable_id
 from tests.interop import pawnqueue_publish, run_pawnqueue
 

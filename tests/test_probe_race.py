@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue, ProbeError, StoreUnavailable
+from pawn_queue_sync import PawnQueue, ProbeError, StoreUnavailable, layout
 from pawn_queue_sync.protocol import probe as probe_mod
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests.servers import (
     LEAK_CHECK_ACCESS_KEY,

@@ -30,9 +30,10 @@ from pawn_queue_sync import (
     PawnQueue,
     PawnQueueError,
     TopicNotFoundError,
+    layout,
     load_config,
 )
-from pawn_queue_sync.queue import layout, registry
+from pawn_queue_sync.queue import registry
 from pawn_queue_sync.queue.consumer import _CONTENDED_WINDOW
 from pawn_queue_sync.queue.core import build_store
 from pawn_queue_sync.queue.registry import stable_id

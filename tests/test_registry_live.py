@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 import pytest
 
-from pawn_queue_sync import PawnQueue, load_config
+from pawn_queue_sync import PawnQueue, layout, load_config
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.errors import StorageError
-from pawn_queue_sync.queue import layout, registry
+from pawn_queue_sync.queue import registry
 from pawn_queue_sync.queue.registry import LIVENESS_HEARTBEATS, stable_id
 from pawn_queue_sync.storage.base import Listing
 from pawn_queue_sync.storage.memory import MemoryStore

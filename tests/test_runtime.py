@@ -29,10 +29,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pawn_queue_sync import Message, PawnQueue, load_config
+from pawn_queue_sync import Message, PawnQueue, layout, load_config
 from pawn_queue_sync.cli import main as pawnq_main
 from pawn_queue_sync.errors import StorageError
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.runtime import DrainResult, LeaseRefresher, Listener, drain
 from pawn_queue_sync.runtime import listen as listen_module
 from pawn_queue_sync.runtime.cli_worker import main as worker_main

@@ -16,9 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 from botocore.exceptions import ClientError
 
-from pawn_queue_sync import PawnQueue, StoreUnavailable
+from pawn_queue_sync import PawnQueue, StoreUnavailable, layout
 from pawn_queue_sync.config import S3Config
-from pawn_queue_sync.queue import layout
 from pawn_queue_sync.storage.s3 import S3Store
 from tests.servers import (
     ACCESS_KEY,

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
+from .. import layout
 from ..config import redact_endpoint
 from ..errors import (
     ConditionFailed,
@@ -35,7 +36,6 @@ from ..errors import (
     StorageError,
     StoreUnavailable,
 )
-from ..queue import layout
 from ..storage.base import PutResult, Store
 from .lease import Capabilities
 

@@ -28,11 +28,12 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .. import layout
 from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound, StorageError
 from ..protocol import lease as leases
 from ..protocol.effects import run
 from ..storage.base import DELETE_BATCH, GetResult, ObjectInfo
-from . import layout, registry
+from . import registry
 from .context import Context
 from .message import Message
 from .registry import NAMESPACE, RegistryEntry

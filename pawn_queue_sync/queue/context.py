@@ -11,12 +11,12 @@ from datetime import datetime, timedelta, timezone
 
 import attrs
 
+from .. import layout
 from ..clock import Clock
 from ..config import FENCE_MARGIN_FRACTION, FENCE_MARGIN_MIN_SECONDS, PawnQueueConfig
 from ..errors import ObjectNotFound, TopicNotFoundError
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
-from . import layout
 
 
 @attrs.define(eq=False)

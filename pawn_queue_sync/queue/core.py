@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import layout
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
-from . import layout, registry, topics
+from . import registry, topics
 from .consumer import Consumer
 from .context import Context
 from .producer import Producer

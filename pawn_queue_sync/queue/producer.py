@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from .. import layout
 from ..errors import PayloadError, PublishError, StorageError
-from . import layout
 from .context import Context
 from .registry import RegistryEntry
 

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import attrs
 
+from .. import layout
 from ..errors import ConditionFailed, ObjectNotFound, RegistrationError, StorageError
-from . import layout
 from .context import Context
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from .. import layout
 from ..errors import ConditionFailed, ObjectNotFound
-from . import layout
 from .context import Context
 
 log = logging.getLogger(__name__)

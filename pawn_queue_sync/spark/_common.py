@@ -22,10 +22,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .. import layout
 from ..config import PawnQueueConfig, load_config, redact_endpoint
 from ..encoding import canonical_json
 from ..errors import ConfigError
-from ..queue import layout
 from ..queue.core import PawnQueue
 
 log = logging.getLogger(__name__)

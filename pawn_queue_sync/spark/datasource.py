@@ -44,8 +44,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from .. import layout
 from ..errors import ConfigError, ObjectNotFound, StorageError, TopicNotFoundError
-from ..queue import layout
 from ..queue.core import build_store
 from ..storage.base import Store
 from ._common import (

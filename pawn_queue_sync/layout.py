@@ -16,8 +16,8 @@ import re
 import uuid
 from datetime import datetime, timezone
 
-from ..encoding import canonical_json, iso, md5_hex  # noqa: F401  (part of the layout API)
-from ..errors import InvalidTopicName
+from .encoding import canonical_json, iso, md5_hex  # noqa: F401  (part of the layout API)
+from .errors import InvalidTopicName
 
 TOPIC_MARKER = ".topic"
 MESSAGES = "messages"
