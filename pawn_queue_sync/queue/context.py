@@ -112,10 +112,6 @@ class Context:
         with self._lock:
             self._known_topics.add(topic)
 
-    def forget_topic(self, topic: str) -> None:
-        with self._lock:
-            self._known_topics.discard(topic)
-
     def close(self) -> None:
         with self._lock:
             pools = [*self._pools.values(), *self._retired]
