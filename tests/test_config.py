@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 import sys
 import types
@@ -501,6 +502,111 @@ def test_builder_build_returns_pawn_queue(monkeypatch: pytest.MonkeyPatch) -> No
     assert isinstance(queue, FakePawnQueue)
     assert queue.config.polling.claim_threads == 3
     assert queue.config.backend == "local"
+
+
+def _settings(cls: type = PawnQueueConfig, prefix: str = "") -> dict[str, Any]:
+    """Every setting of the schema, walked here from the attrs classes: dotted path ->
+    its attrs field."""
+    out: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        section = field.type if attrs.has(field.type) else field.metadata.get("section")
+        if section is not None:
+            out.update(_settings(section, f"{prefix}{field.name}."))
+        else:
+            out[prefix + field.name] = field
+    return out
+
+
+#: A valid value other than its default for every setting, so a setting the builder
+#: does not reach shows as its default. A new setting fails the test until it is here.
+NON_DEFAULTS: dict[str, Any] = {
+    "s3.endpoint_url": "http://h:1",
+    "s3.bucket_name": "bkt",
+    "s3.aws_access_key_id": ACCESS,
+    "s3.aws_secret_access_key": SECRET,
+    "s3.region_name": "r-1",
+    "s3.use_ssl": False,
+    "s3.create_bucket": True,
+    "s3.connect_timeout_seconds": 6.0,
+    "s3.read_timeout_seconds": 31.0,
+    "s3.max_attempts": 2,
+    "s3.max_pool_connections": 3,
+    "s3.addressing_style": "path",
+    "s3.fast_path": False,
+    "local.path": "/tmp/non-default",
+    "local.fsync": False,
+    "polling.interval_seconds": 1.5,
+    "polling.max_messages_per_poll": 4,
+    "polling.visibility_timeout_seconds": 41.0,
+    "polling.lease_refresh_interval_seconds": 9.0,
+    "polling.jitter_max_ms": 7,
+    "polling.max_delivery_count": 8,
+    "polling.claim_threads": 9,
+    "concurrency.strategy": "csprng_verify",
+    "concurrency.csprng_verify.jitter_min_ms": 11,
+    "concurrency.csprng_verify.jitter_max_ms": 12,
+    "concurrency.csprng_verify.verify_retries": 13,
+    "concurrency.csprng_verify.verify_retry_delay_ms": 14,
+    "concurrency.csprng_verify.consistent_list": False,
+    "registry.heartbeat_interval_seconds": 15.0,
+    "publishing.max_payload_bytes": 16,
+    "publishing.batch_threads": 17,
+}
+#: pawn-queue's builder spells two settings otherwise: ``s3(access_key=, secret_key=)``.
+BUILDER_NAMES = {"s3.aws_access_key_id": "access_key", "s3.aws_secret_access_key": "secret_key"}
+
+
+def test_builder_sets_every_setting_of_the_schema() -> None:
+    """The builder's setters come from the schema: each setting, sub-sections' included,
+    is a keyword of its top-level section's method (by its name, or pawn-queue's)."""
+    settings = _settings()
+    assert set(NON_DEFAULTS) == set(settings), "give every setting a value in NON_DEFAULTS"
+    keywords: dict[str, dict[str, Any]] = {}
+    for path, value in NON_DEFAULTS.items():
+        assert value != settings[path].default, path
+        name = BUILDER_NAMES.get(path, path.rsplit(".", 1)[1])
+        keywords.setdefault(path.split(".", 1)[0], {})[name] = value
+    assert set(keywords) == {f.name for f in attrs.fields(PawnQueueConfig)}
+    builder = PawnQueueBuilder()
+    for section, values in keywords.items():
+        method = getattr(builder, section)
+        assert list(inspect.signature(method).parameters) == list(values), section
+        assert method(**values) is builder
+    built = builder.build_config()
+    got = {}
+    for path in NON_DEFAULTS:
+        node: Any = built
+        for part in path.split("."):
+            node = getattr(node, part)
+        got[path] = node
+    assert got == NON_DEFAULTS
+
+
+def test_builder_rejects_a_keyword_of_another_section() -> None:
+    with pytest.raises(TypeError, match=r"polling\(\) got an unexpected keyword .*'strategy'"):
+        PawnQueueBuilder().polling(strategy="auto")
+    with pytest.raises(TypeError):
+        PawnQueueBuilder().polling(2)  # type: ignore[misc]  # keywords only, as before
+
+
+#: pawn-queue 0.1.3's durations in milliseconds: its YAML keys and variables, kept.
+PAWN_QUEUE_MS_SETTINGS = {
+    "polling.jitter_max_ms",
+    "concurrency.csprng_verify.jitter_min_ms",
+    "concurrency.csprng_verify.jitter_max_ms",
+    "concurrency.csprng_verify.verify_retry_delay_ms",
+}
+
+
+def test_every_duration_names_its_unit() -> None:
+    """Durations are ``*_seconds`` (floats), but for pawn-queue's four ``*_ms`` ints."""
+    words = ("interval", "timeout", "delay", "jitter", "wait", "sleep", "ttl", "period",
+             "duration", "grace", "backoff", "seconds", "_ms")
+    settings = _settings()
+    durations = {p for p in settings if any(w in p.rsplit(".", 1)[1] for w in words)}
+    assert {p for p in durations if not p.endswith("_seconds")} == PAWN_QUEUE_MS_SETTINGS
+    floats = {p for p, f in settings.items() if f.metadata.get("kind") == "float"}
+    assert floats == {p for p in durations if p.endswith("_seconds")}
 
 
 # --------------------------------------------------------------------------- validation
