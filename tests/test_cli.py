@@ -19,7 +19,7 @@ def _pawnq(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
     env["PAWNQUEUE_LOCAL_PATH"] = str(tmp_path / "store")
     return subprocess.run(
-        [sys.executable, "-m", "pawn_queue_sync.cli", *args],
+        [sys.executable, "-m", "pawn_queue_sync", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -82,8 +82,30 @@ def test_info_masks_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_help_lists_the_commands() -> None:
-    proc = subprocess.run([sys.executable, "-m", "pawn_queue_sync.cli", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "pawn_queue_sync", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     for command in ("demo", "topics", "publish", "consume", "dead-letter", "info"):
         assert command in proc.stdout
+
+
+def test_python_m_runs_the_same_cli_as_the_pawnq_script(tmp_path: Path) -> None:
+    """``python -m pawn_queue_sync ARGS`` is ``pawnq ARGS``: same output, same status."""
+    pawnq = Path(sys.executable).with_name("pawnq")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
+    runs = {}
+    for name, command in (("script", [str(pawnq)]),
+                          ("-m", [sys.executable, "-m", "pawn_queue_sync"])):
+        env["PAWNQUEUE_LOCAL_PATH"] = str(tmp_path / f"store-{name}")  # each its own
+        runs[name] = [
+            subprocess.run([*command, *args], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+            for args in (["--help"], ["worker", "--help"], ["topics", "--create", "t"],
+                         ["topics"], ["publish", "ghost", "{}"], ["consume"])
+        ]
+    assert [r.returncode for r in runs["-m"]] == [0, 0, 0, 0, 1, 2]
+    for script, module in zip(runs["script"], runs["-m"], strict=True):
+        assert (module.returncode, module.stdout, module.stderr) == (
+            script.returncode, script.stdout, script.stderr)
+    assert runs["-m"][0].stdout.startswith("usage: pawnq ")
+    assert runs["-m"][2].stdout == "t: created\n" and runs["-m"][3].stdout == "t\n"

@@ -5,8 +5,12 @@
 
 The handler is imported as ``python -m`` would: the working directory comes first on
 ``sys.path`` (after any ``--path DIR``), in the supervisor and in every worker process.
-The exit status is one of the ``RET_*`` codes of :mod:`.workers` (0: stopped
-gracefully). Also runnable as ``python -m pawn_queue_sync.runtime.workers ...``.
+The exit status is one of the ``RET_*`` codes of :mod:`pawn_queue_sync.workers` (0:
+stopped gracefully). Also ``python -m pawn_queue_sync worker ...``, and standalone, without
+the subcommand, ``python -m pawn_queue_sync.cli.worker HANDLER --topic ...`` (:func:`main`).
+
+The worker pool is imported when the command runs (it pulls in multiprocessing), and
+never imports this module: the CLI sits above the pool.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run the pool described by parsed ``worker`` arguments; the exit status."""
-    from .workers import RET_CONFIG, WorkerPool
+    from ..workers import RET_CONFIG, WorkerPool
 
     _prepend_import_paths(args.sys_path or [])
     config = getattr(args, "config", None)
@@ -99,7 +103,7 @@ def run_worker(args: argparse.Namespace) -> int:
             processes=args.processes,
             threads=args.threads,
             consumer_name=args.consumer_name,
-            shutdown_timeout=args.shutdown_timeout,
+            shutdown_timeout_seconds=args.shutdown_timeout,
         )
     except ValueError as exc:
         log.error("%s", exc)
@@ -120,7 +124,7 @@ def _prepend_import_paths(dirs: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m pawn_queue_sync.runtime.workers``)."""
+    """Standalone entry (``python -m pawn_queue_sync.cli.worker``)."""
     parser = argparse.ArgumentParser(prog="pawnq-worker", description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", "-v", action="count", default=0)
     _add_arguments(parser, config_default=None)

@@ -1,0 +1,52 @@
+"""``pawnq topics`` and ``pawnq info``: what the store holds, and how it is configured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .exits import EXIT_OK
+from .shared import emit, open_queue
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    with open_queue(args) as pq:
+        if args.create:
+            for t in args.create:
+                created = pq.create_topic(t)
+                emit(f"{t}: {'created' if created else 'exists'}")
+            return EXIT_OK
+        for t in pq.list_topics():
+            if args.stats:
+                emit(f"{t}\t" + "\t".join(f"{k}={v}" for k, v in pq.topic_stats(t).items()))
+            else:
+                emit(t)
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Show the effective configuration (secrets masked) and what the server honours."""
+    pq = open_queue(args)
+    emit(json.dumps(pq.config.redacted_dict(), indent=2, sort_keys=True))
+    with pq:
+        caps = pq.context.caps
+        emit(f"store: {pq.store.describe()}",
+             f"if_none_match: {caps.if_none_match}  if_match: {caps.if_match}",
+             f"strategy: {caps.strategy}")
+    return EXIT_OK
+
+
+def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``topics`` to ``pawnq``'s subcommands."""
+    topics = sub.add_parser("topics", parents=[common], help="list topics (or create them)")
+    topics.add_argument("--create", nargs="+", metavar="TOPIC")
+    topics.add_argument("--stats", action="store_true", help="with pending/leased/dead counts")
+    topics.set_defaults(func=cmd_topics)
+
+
+def add_info_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``info`` to ``pawnq``'s subcommands."""
+    info = sub.add_parser("info", parents=[common],
+                          help="effective configuration and server capabilities")
+    info.set_defaults(func=cmd_info)
