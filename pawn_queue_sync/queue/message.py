@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -12,6 +14,9 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 State = Literal["leased", "acked", "nacked", "released", "lost"]
+#: What :meth:`Message.begin_ack` found: ``ours`` (this ack settles it), ``settled``
+#: (acked or nacked already), ``other`` (another ack is under way), ``lost``.
+AckStart = Literal["ours", "settled", "other", "lost"]
 
 
 def _set_event() -> threading.Event:
@@ -89,6 +94,67 @@ class Message:
     def refresh(self) -> None:
         """Extend our lease by a visibility timeout; raises LeaseLostError if lost."""
         self._require_consumer().refresh(self)
+
+    # -- exclusion between the calls that settle or renew this message ------------------
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold this message alone: refreshes, retries, releases and the re-proofs of
+        an ack run under it, so they exclude each other (an ack waits for a refresh
+        under way). Reentrant."""
+        with self._lock:
+            yield
+
+    @contextmanager
+    def exclusive_unsettled(self) -> Iterator[None]:
+        """:meth:`exclusive`, taken once no ack of this message is under way (waiting
+        for one outside the lock, which the ack needs to finish): a nack looks at
+        what the ack did."""
+        while True:
+            if self.state in ("acked", "nacked"):  # settled (maybe before a fork)
+                self._lock.acquire()
+                break
+            self._unsettled.wait()
+            self._lock.acquire()
+            if not self._settling:
+                break
+            self._lock.release()  # another ack began meanwhile: wait for it too
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def begin_ack(self) -> AckStart:
+        """Start an ack of this message unless it is settled, lost, or being acked by
+        another call (waiting for a refresh under way); ``ours``: the caller acks it
+        and must call :meth:`end_ack`."""
+        with self._lock:
+            if self.state in ("acked", "nacked"):
+                return "settled"
+            if self._settling:
+                return "other"
+            if self.state != "leased":
+                return "lost"
+            self._settling = True
+            self._unsettled.clear()
+            return "ours"
+
+    def end_ack(self) -> None:
+        """The ack begun by :meth:`begin_ack` is over (whatever became of it)."""
+        with self._lock:
+            self._settling = False
+            self._unsettled.set()
+
+    def wait_for_ack(self) -> None:
+        """Block until no ack of this message is under way."""
+        self._unsettled.wait()
+
+    def _after_fork(self) -> None:
+        """In a forked child: fresh locks (a thread that held one is not there), and no
+        ack under way (the acking thread is not in the child either)."""
+        self._lock = threading.RLock()
+        self._settling = False
+        self._unsettled = _set_event()
 
     def to_dict(self) -> dict[str, Any]:
         return {
