@@ -47,7 +47,7 @@ from pawn_queue_sync.protocol.effects import (
     Sleep,
 )
 from pawn_queue_sync.storage.base import GetResult, Listing, ObjectInfo, PutResult
-from pawn_queue_sync.storage.local import build_listing
+from pawn_queue_sync.storage.listing import build_listing
 
 ORIGIN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

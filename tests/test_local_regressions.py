@@ -50,6 +50,7 @@ from pawn_queue_sync.errors import (
     StoreFull,
 )
 from pawn_queue_sync.storage import local as local_mod
+from pawn_queue_sync.storage import local_files
 from pawn_queue_sync.storage.base import Listing
 from pawn_queue_sync.storage.local import PRIVATE_DIR, LocalStore
 
@@ -364,7 +365,7 @@ def test_temps_of_other_hosts_and_old_versions_wait_for_their_age(tmp_path: Path
         (tmp_dir / name).write_bytes(b"partial")
     LocalStore(root)
     assert _temps(root) == sorted(foreign)
-    hour_ago = time.time() - local_mod.STALE_TEMP_SECONDS - 60
+    hour_ago = time.time() - local_files.STALE_TEMP_SECONDS - 60
     for name in foreign:
         os.utime(tmp_dir / name, (hour_ago, hour_ago))
     LocalStore(root)

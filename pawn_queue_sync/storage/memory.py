@@ -36,7 +36,7 @@ from .base import (
     normalize_etag,
     time_left,
 )
-from .local import build_listing
+from .listing import build_listing
 
 __all__ = ["Hook", "MemoryStore"]
 
