@@ -46,7 +46,7 @@ class RequestCounter:
     def register(self, events: Any) -> None:
         events.register("before-send.s3", self.hook)
         events.register("after-call.s3", self.status_hook)
-        # pawn-queue-sync's fast path (storage/s3_wire.py) answers through this event
+        # pawn-queue-sync's fast path (storage/s3/wire.py) answers through this event
         events.register("after-send.s3", self.status_hook)
 
     def snapshot(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ __all__ = [
     "StoreClosed",
     "DeadlineExceeded",
     "StoreFull",
+    "StoreNotPortable",
     "CaseCollision",
     "PlatformNotSupported",
     "ProbeError",
@@ -119,6 +120,12 @@ class PlatformNotSupported(StorageError, ImportError):
 class StoreClosed(StorageError, NotStartedError):
     """The store was used after ``close()``: it opens no connection again. (Also a
     :class:`NotStartedError`: the same mistake as using a queue after teardown.)"""
+
+
+class StoreNotPortable(PawnQueueError, TypeError):
+    """An S3 store built from a caller's boto3 session or client was pickled, or one
+    built from a caller's client was used in a forked child: neither can carry that
+    object across. Build the store where it is used (from settings, or a session)."""
 
 
 class DeadlineExceeded(StorageError):

@@ -1,4 +1,4 @@
-"""The S3 store's fast path (``storage/s3_wire.py``) on real servers, beyond the shared
+"""The S3 store's fast path (``storage/s3/fast.py``, ``wire.py``) on real servers, beyond the shared
 store contract (which runs it as ``seaweedfs`` and boto3 alone as ``seaweedfs-boto3``):
 keys that need escaping, credentials from the environment, when it stands aside for
 boto3, the events it emits, retries, and its error texts."""
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pawn_queue_sync.config import S3Config
 from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound, StoreUnavailable
 from pawn_queue_sync.storage.s3 import S3Store
-from pawn_queue_sync.storage.s3_wire import (
+from pawn_queue_sync.storage.s3.answers import (
     Answer,
     _parse_list,
     _scan_list,

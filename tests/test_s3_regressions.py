@@ -1,4 +1,4 @@
-"""Regressions of the S3 store (``storage/s3.py``, ``storage/s3_wire.py``), each against
+"""Regressions of the S3 store (``storage/s3/``), each against
 what reaches a server: a loopback HTTP server records every request (method, path,
 headers, body, arrival) and answers as told, so a test sees exactly what was sent and
 can make the server answer what real servers rarely do (no Date, no LastModified, a
@@ -34,9 +34,10 @@ import pytest
 from pawn_queue_sync import PawnQueue, errors, load_config
 from pawn_queue_sync.config import S3Config
 from pawn_queue_sync.errors import StorageError, StoreUnavailable
-from pawn_queue_sync.storage import s3 as s3_module
 from pawn_queue_sync.storage.memory import MemoryStore
 from pawn_queue_sync.storage.s3 import S3Store
+from pawn_queue_sync.storage.s3.secrets import SECRET_FILTER
+from pawn_queue_sync.storage.s3.wire import _Request
 
 from .servers import S3Server, closed_port, config_dict
 
@@ -303,7 +304,7 @@ def test_signed_host_is_botocores_for_every_endpoint_form(endpoint: str) -> None
 
     wire = store_at(endpoint)._wire()
     assert wire is not None
-    headers = wire._sign(s3_module.s3_wire._Request("HeadObject", "HEAD", "/bkt/k", (), {}, b""),
+    headers = wire._sign(_Request("HeadObject", "HEAD", "/bkt/k", (), {}, b""),
                          "")
     assert headers["host"] == _host_from_url(endpoint)
 
@@ -633,7 +634,7 @@ def test_fork_while_another_thread_registers_secrets(recorder: Recorder) -> None
     held, release = threading.Event(), threading.Event()
 
     def hold_the_filter() -> None:
-        with s3_module._SECRET_FILTER._lock:
+        with SECRET_FILTER._lock:
             held.set()
             release.wait(30)
 
