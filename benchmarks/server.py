@@ -1,6 +1,6 @@
 """A SeaweedFS server of the benchmark's own, on loopback, for the length of a run.
 
-The one SeaweedFS launcher of the project, :func:`tests.servers.start_seaweedfs`,
+The one SeaweedFS launcher of the project, :func:`tests.seaweedfs.start_seaweedfs`,
 starts it (the tests use the same): ports picked free with their gRPC twins, readiness
 by a real round trip, an identities file so signatures are checked, SIGTERM then
 SIGKILL to stop. This module adds what a benchmark needs on top: the version, the
@@ -16,7 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.servers import ACCESS_KEY, SECRET_KEY, S3Server, start_seaweedfs, weed_binary
+from tests.seaweedfs import start_seaweedfs, weed_binary
+from tests.servers import ACCESS_KEY, SECRET_KEY, S3Server
 
 __all__ = [
     "ACCESS_KEY", "SECRET_KEY", "SeaweedServer", "process_cpu_seconds", "weed_version",

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers import S3Server, config_dict, start_moto, start_seaweedfs
+from tests.seaweedfs import start_seaweedfs
+from tests.servers import S3Server, config_dict, start_moto
 
 #: Environment variable prefixes removed for the whole test session.
 SCRUBBED_ENV_PREFIXES = ("PAWNQUEUE_", "AWS_")

@@ -16,12 +16,12 @@ from botocore.exceptions import ClientError
 
 from tests import interop
 from tests.conftest import SCRUBBED_ENV_PREFIXES
+from tests.seaweedfs import start_seaweedfs
 from tests.servers import (
     S3Server,
     config_dict,
     deep_merge,
     start_moto,
-    start_seaweedfs,
     unique_bucket_name,
 )
 

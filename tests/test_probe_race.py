@@ -1,7 +1,7 @@
 """The capability probe races: a server whose conditional writes break only under
 concurrency is caught, and the result is cached per store for the process.
 
-The server is SeaweedFS behind :class:`tests.servers.RacyProxy`: honest, it forwards
+The server is SeaweedFS behind :class:`tests.racy_proxy.RacyProxy`: honest, it forwards
 everything; racy, it drops If-None-Match / If-Match while two requests for one key
 overlap (as a SeaweedFS release did, issue 8800) and keeps them on a lone request, so a
 sequential probe sees a perfect server.
@@ -18,10 +18,10 @@ import pytest
 from pawn_queue_sync import PawnQueue, ProbeError, StoreUnavailable, layout
 from pawn_queue_sync.protocol import probe as probe_mod
 from pawn_queue_sync.storage.memory import MemoryStore
+from tests.racy_proxy import RacyProxy
 from tests.servers import (
     LEAK_CHECK_ACCESS_KEY,
     LEAK_CHECK_SECRET_KEY,
-    RacyProxy,
     S3Server,
     config_dict,
 )

