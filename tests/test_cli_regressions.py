@@ -293,7 +293,7 @@ def test_worker_handler_import_failure_has_its_own_exit_code(local: Store) -> No
     usage = local.run("worker", "--topic", "t")  # no handler: argparse's usage error
     assert usage.returncode == cli.EXIT_USAGE
     # the pool's other statuses pass through unchanged, as documented
-    from pawn_queue_sync.runtime import workers
+    from pawn_queue_sync import workers
 
     assert (cli.EXIT_OK, cli.EXIT_ERROR, cli.EXIT_STORE_UNREACHABLE, cli.EXIT_CONFIG,
             cli.EXIT_HANDLER_IMPORT) == (

@@ -194,7 +194,7 @@ def test_drain_goes_idle_past_a_stuck_handler_whose_late_ack_still_lands(
         result: list[DrainResult] = []
         runner = run_in_thread(lambda: result.append(
             drain(pq.register_consumer("c", [TOPIC]), handler, threads=2,
-                  idle_timeout_s=0.3, handler_timeout_seconds=1.0)))
+                  idle_timeout_seconds=0.3, handler_timeout_seconds=1.0)))
         runner.join(DRAIN_GUARD_S)
         drained = not runner.is_alive()
         release.set()
@@ -262,7 +262,7 @@ def test_an_ack_failing_with_an_unexpected_error_is_not_retried_forever(
         result: list[DrainResult] = []
         runner = run_in_thread(lambda: result.append(
             drain(pq.register_consumer("c", [TOPIC]), lambda m: seen.append(m.id),
-                  idle_timeout_s=0.3)))
+                  idle_timeout_seconds=0.3)))
         runner.join(DRAIN_GUARD_S)
         drained = not runner.is_alive()
         hook.disarm()  # lets a drain that retries forever finish
@@ -287,7 +287,7 @@ def test_an_unexpected_ack_error_counts_the_message_lost_and_leaves_it_unrenewed
     try:
         [mid] = publish(pq, 1)
         listener = Listener(pq.register_consumer("c", [TOPIC]), lambda m: None,
-                            max_workers=1, idle_timeout=0.3)
+                            max_workers=1, idle_timeout_seconds=0.3)
         runner = run_in_thread(listener.run)
         runner.join(DRAIN_GUARD_S)
         drained = not runner.is_alive()

@@ -25,11 +25,11 @@ def test_listen_takes_the_documented_listener_options(tmp_path: Path) -> None:
                 seen.append(msg.id)
 
         consumer.listen(
-            handle, max_workers=2, install_signal_handlers=True, shutdown_timeout=5.0,
+            handle, max_workers=2, install_signal_handlers=True, shutdown_timeout_seconds=5.0,
             max_messages=3,
         )
         assert len(seen) == 3 and set(seen) <= set(ids)
-        consumer.listen(handle, idle_timeout=0.2)  # returns once the topic is idle
+        consumer.listen(handle, idle_timeout_seconds=0.2)  # returns once the topic is idle
         assert sorted(seen) == sorted(ids)
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
         with pytest.raises(TypeError):

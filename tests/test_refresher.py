@@ -1,8 +1,10 @@
 """The lease refresher under load, and the listener's accounting around it.
 
-In-memory store (fault injection and a per-request latency need its hooks): a hook
-records when each lease object is written and, once asked, makes every lease PUT take
-0.2 s, as refreshes take on a loaded store (or on a csprng server, which sleeps
+In-memory store (fault injection and a per-request latency need its hooks) on an
+auto-advancing FakeClock (pawn_queue_sync.testing): every duration below is virtual,
+so waits of seconds take milliseconds. A hook records when each lease object is
+written and, once asked, makes every lease PUT take 0.2 s (slept on the clock), as
+refreshes take on a loaded store (or on a csprng server, which sleeps
 ``2 x jitter_min`` per refresh). A lease can be judged stale once the server sees it
 older than the visibility timeout (plus a 1 s grace, at 1 s resolution), so every
 held lease must be written again within one visibility timeout of its last write:
@@ -14,19 +16,18 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
-from pawn_queue_sync import Message, PawnQueue, load_config
+from pawn_queue_sync import Message, PawnQueue, testing
+from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.errors import StorageError
 from pawn_queue_sync.runtime import LeaseRefresher, Listener
-from pawn_queue_sync.runtime import listen as listen_module
+from pawn_queue_sync.runtime import settler as settler_module
 from pawn_queue_sync.storage.base import ConditionFailed
-from pawn_queue_sync.storage.memory import MemoryStore
 from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
@@ -44,12 +45,23 @@ LATENCY_S = 0.2
 DEADLINE = 90.0
 
 
+#: The clock of the test running now (each test gets a fresh one: see the fixture).
+CLOCK = FakeClock(auto=True)
+
+
+@pytest.fixture(autouse=True)
+def clock() -> Iterator[FakeClock]:
+    """A fresh auto-advancing virtual clock per test (hooks and handlers sleep on it)."""
+    global CLOCK
+    CLOCK = FakeClock(auto=True)
+    yield CLOCK
+    CLOCK.close()
+
+
 def memory_queue(hooks: Callable[[str, str], None] | None = None,
                  **polling: Any) -> PawnQueue:
-    pq = PawnQueue(load_config({"polling": {**POLLING, **polling}}),
-                   store=MemoryStore(hooks=hooks)).setup()
-    pq.create_topic(TOPIC)
-    return pq
+    return testing.memory_queue({"polling": {**POLLING, **polling}}, topics=[TOPIC],
+                                clock=CLOCK, hooks=hooks)
 
 
 def publish(pq: PawnQueue, n: int) -> list[str]:
@@ -68,9 +80,9 @@ class LeaseWrites:
     def __call__(self, op: str, key: str) -> None:
         if op == "put" and key.endswith(".lease"):
             if self.slow.is_set():
-                time.sleep(LATENCY_S)  # simulated request latency
+                CLOCK.sleep(LATENCY_S)  # simulated request latency
             with self._lock:
-                self._writes[key].append(time.monotonic())
+                self._writes[key].append(CLOCK.monotonic())
 
     def count(self, key: str) -> int:
         with self._lock:
@@ -78,7 +90,7 @@ class LeaseWrites:
 
     def overdue(self, keys: Iterable[str], limit: float) -> bool:
         """Some lease was last written more than ``limit`` seconds ago."""
-        now = time.monotonic()
+        now = CLOCK.monotonic()
         with self._lock:
             return any(now - self._writes[k][-1] > limit for k in keys)
 
@@ -126,7 +138,7 @@ def test_120_held_leases_on_a_slow_store_are_each_renewed_before_they_could_go_s
             # without a write (it could be taken: the old serial refresher does that)
             wait_until(lambda: all(writes.count(k) >= 3 for k in keys)
                        or writes.overdue(keys, 3.0), "two renewals of every lease")
-            end = time.monotonic()
+            end = CLOCK.monotonic()
         assert writes.late(keys, 3.0, until=end) == 0
         assert all(m.state == "leased" for m in msgs)
         assert refresher.lost == 0 and refresher.errors == 0
@@ -197,9 +209,9 @@ def test_leases_that_aged_in_a_slow_poll_are_renewed_together_before_handlers_st
     ~2.7 s earlier; together, every handler starts on a lease under an interval old."""
     def hooks(op: str, key: str) -> None:
         if op == "get" and "/messages/" in key:
-            time.sleep(1.2)  # simulated slow read
+            CLOCK.sleep(1.2)  # simulated slow read
         elif op == "put" and key.endswith(".lease"):
-            time.sleep(0.3)  # simulated slow write
+            CLOCK.sleep(0.3)  # simulated slow write
 
     # visibility 5 s: a renewal is due after 1 s (the interval), well within the fence
     pq = memory_queue(hooks, claim_threads=16, visibility_timeout_seconds=5)
@@ -234,7 +246,7 @@ def test_a_lease_whose_ack_is_under_way_is_looked_at_again_later_not_in_a_loop(
     refresh = consumer.refresh
 
     def counting_refresh(m: Message) -> None:
-        calls.append(time.monotonic())
+        calls.append(CLOCK.monotonic())
         first.set()
         refresh(m)
 
@@ -245,7 +257,7 @@ def test_a_lease_whose_ack_is_under_way_is_looked_at_again_later_not_in_a_loop(
     refresher.track(msg)
     with refresher:
         assert first.wait(DEADLINE)
-        time.sleep(0.3)  # a spinning refresher calls refresh() thousands of times here
+        CLOCK.sleep(0.3)  # a spinning refresher calls refresh() thousands of times here
     assert len(calls) <= 2, len(calls)
     assert refresher.refreshes == 0  # nothing was renewed
 
@@ -296,8 +308,8 @@ def test_a_message_waiting_for_its_retry_among_150_held_is_dead_lettered_after_n
             return repeated or pq.topic_stats(TOPIC)["dead_letter"] == 1
 
         listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=16,
-                            ack_batch_size=1000, ack_flush_interval=DEADLINE,
-                            retry_backoff=6.0, retry_backoff_max=6.0)
+                            ack_batch_size=1000, ack_flush_interval_seconds=DEADLINE,
+                            retry_backoff_seconds=6.0, retry_backoff_max_seconds=6.0)
         runner = run_in_thread(listener.run)
         wait_until(finished, "the failing message to be dead-lettered")
         listener.stop()
@@ -348,7 +360,7 @@ def test_a_message_whose_ack_never_succeeds_is_not_counted_processed(
 ) -> None:
     """Every DELETE of the message fails: the ack is retried, then given up at stop.
     The message was never acked, so it is not processed (it will be redelivered)."""
-    monkeypatch.setattr(listen_module, "ACK_ERROR_WAIT_S", 2.5)  # one retry, then give up
+    monkeypatch.setattr(settler_module, "ACK_ERROR_WAIT_S", 2.5)  # one retry, then give up
     ack_failed = threading.Event()
 
     def hooks(op: str, key: str) -> None:
@@ -390,7 +402,10 @@ def test_a_refresh_in_flight_when_the_ack_comes_does_not_turn_the_ack_into_a_los
         if armed.is_set() and op == "put" and lease_key and key == lease_key[0]:
             armed.clear()
             refresh_in_flight.set()
-            lease_deleted.wait(2.0)  # bounded: a correct ack waits for this refresh
+            # bounded (2 s on the clock): a correct ack waits for this refresh
+            until = CLOCK.monotonic() + 2.0
+            while not lease_deleted.is_set() and CLOCK.monotonic() < until:
+                CLOCK.sleep(0.05)
 
     pq = memory_queue(hooks, visibility_timeout_seconds=5)
     store = pq.store

@@ -124,7 +124,7 @@ def test_config_after_the_command_and_demo_honours_the_local_path_variable(
 def test_a_misspelled_listener_option_is_refused_before_any_worker_starts() -> None:
     """``WorkerPool(listener_options={"handler_timeout_secs": 300})`` was accepted, and
     every child then died of a TypeError until the pool gave up."""
-    from pawn_queue_sync.runtime.workers import WorkerPool
+    from pawn_queue_sync.workers import WorkerPool
 
     with pytest.raises(ValueError, match="handler_timeout_secs"):
         WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
@@ -133,7 +133,7 @@ def test_a_misspelled_listener_option_is_refused_before_any_worker_starts() -> N
         WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
                    listener_options={"max_workers": 3})
     pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
-                      listener_options={"handler_timeout_seconds": 300, "idle_timeout": 1})
+                      listener_options={"handler_timeout_seconds": 300, "idle_timeout_seconds": 1})
     assert pool is not None
 
 
@@ -205,7 +205,7 @@ def test_a_server_that_sends_no_last_modified_still_serves_polls_and_registratio
         pq.register_consumer("peer", ["orders"])
         pq.register_consumer("c", ["orders"])
         consumer = pq.register_consumer("c", ["orders"])  # registering again
-        result = drain(consumer, lambda msg: None, idle_timeout_s=0.3)
+        result = drain(consumer, lambda msg: None, idle_timeout_seconds=0.3)
         assert result.processed == 5
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
 
@@ -227,7 +227,7 @@ def test_drain_returns_when_the_store_stays_down_for_its_idle_timeout() -> None:
         pq.create_topic("orders")
         consumer = pq.register_consumer("c", ["orders"])
         down["on"] = True
-        listener = Listener(consumer, lambda msg: None, idle_timeout=0.5)
+        listener = Listener(consumer, lambda msg: None, idle_timeout_seconds=0.5)
         join(run_in_thread(listener.run), timeout=30)
         assert listener.stats.poll_errors >= 1 and listener.stats.processed == 0
 
@@ -327,7 +327,7 @@ def test_a_passing_poll_failure_does_not_end_a_drain_that_found_nothing_yet() ->
         pq.create_topic("orders")
         pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(20)])
         result = drain(pq.register_consumer("c", ["orders"]), lambda m: None,
-                       idle_timeout_s=0)
+                       idle_timeout_seconds=0)
         assert (result.processed, result.poll_errors) == (20, 1)
         assert pq.topic_stats("orders")["pending"] == 0
 

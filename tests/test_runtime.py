@@ -31,11 +31,12 @@ import yaml
 
 from pawn_queue_sync import Message, PawnQueue, layout, load_config
 from pawn_queue_sync.cli import main as pawnq_main
+from pawn_queue_sync.cli.worker import main as worker_main
 from pawn_queue_sync.errors import StorageError
 from pawn_queue_sync.runtime import DrainResult, LeaseRefresher, Listener, drain
-from pawn_queue_sync.runtime import listen as listen_module
-from pawn_queue_sync.runtime.cli_worker import main as worker_main
-from pawn_queue_sync.runtime.workers import (
+from pawn_queue_sync.runtime import poller as poller_module
+from pawn_queue_sync.storage.memory import MemoryStore
+from pawn_queue_sync.workers import (
     RET_CONFIG,
     RET_CONNECT,
     RET_IMPORT,
@@ -43,7 +44,6 @@ from pawn_queue_sync.runtime.workers import (
     RET_OK,
     WorkerPool,
 )
-from pawn_queue_sync.storage.memory import MemoryStore
 from tests import runtime_handlers
 from tests.servers import S3Server, config_dict
 from tests.threads import join, run_in_thread
@@ -165,7 +165,7 @@ def test_handler_failing_twice_then_succeeding_is_retried_and_acked(
             succeeded.set()
 
         listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=2,
-                            retry_backoff=0.2)
+                            retry_backoff_seconds=0.2)
         runner = run_in_thread(listener.run)
         assert succeeded.wait(DEADLINE)
         listener.stop()
@@ -190,7 +190,7 @@ def test_always_failing_handler_is_dead_lettered_with_the_error(cfg: dict[str, A
             counts.append(msg.delivery_count)
             raise ValueError(f"cannot handle payload {msg.payload}")
 
-        result = drain(pq.register_consumer("c", [TOPIC]), handler, idle_timeout_s=0.5,
+        result = drain(pq.register_consumer("c", [TOPIC]), handler, idle_timeout_seconds=0.5,
                        threads=2, max_messages=10)  # bounded, should retries never end
         assert result == DrainResult(processed=0, failed=2, dead_lettered=1)
         assert counts == [1, 2, 3]  # max_delivery_count = 3
@@ -262,7 +262,7 @@ def test_stop_during_load_loses_nothing(
             rec_a.done(msg)
 
         listener = Listener(pq_a.register_consumer("worker", [TOPIC]), handler_a,
-                            max_workers=8, ack_flush_interval=DEADLINE, ack_batch_size=1000)
+                            max_workers=8, ack_flush_interval_seconds=DEADLINE, ack_batch_size=1000)
         runner = run_in_thread(listener.run)
         assert rec_a.reached.wait(DEADLINE)
         listener.stop()  # under load: 8 handlers busy, a poll possibly under way
@@ -284,7 +284,7 @@ def test_stop_during_load_loses_nothing(
             rec_b.done(msg)
 
         result = drain(pq_b.register_consumer("worker", [TOPIC]), handler_b,
-                       idle_timeout_s=1.0, threads=8)
+                       idle_timeout_seconds=1.0, threads=8)
         handled_b = set(rec_b.handled)
         assert handled_a | handled_b == set(ids)
         assert handled_a & handled_b == set()  # handled and acked: never redelivered
@@ -359,7 +359,7 @@ def test_worker_pool_survives_sigkill_of_a_child_twice(
         ids = set(publish(pq, 1000))
         pool = WorkerPool(
             cfg, [TOPIC], "tests.runtime_handlers:record", processes=3, threads=threads,
-            restart_backoff=0.2, listener_options={"ack_batch_size": ack_batch},
+            restart_backoff_seconds=0.2, listener_options={"ack_batch_size": ack_batch},
         )
         statuses: list[int] = []
         runner = run_in_thread(lambda: statuses.append(pool.run()))
@@ -406,7 +406,7 @@ def test_sigterm_to_the_pool_drains_in_flight_work_and_exits_0(
         config_path.write_text(yaml.safe_dump(cfg))
         env = dict(os.environ, PYTHONPATH=str(REPO), PAWNQ_TEST_SLEEP="0.3")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pawn_queue_sync.runtime.workers",
+            [sys.executable, "-m", "pawn_queue_sync.cli.worker",
              "tests.runtime_handlers:record", "--topic", TOPIC, "--processes", "2",
              "--threads", "4", "--config", str(config_path), "-v"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -506,7 +506,7 @@ def mem_queue() -> Iterator[PawnQueue]:
 def test_store_errors_in_the_poll_thread_are_retried_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(listen_module, "POLL_ERROR_WAIT_S", 0.05)
+    monkeypatch.setattr(poller_module, "POLL_ERROR_WAIT_S", 0.05)
     failures = {"left": 3}
     lock = threading.Lock()
 
@@ -594,7 +594,7 @@ def test_retry_backoff_does_not_block_a_worker(mem_queue: PawnQueue) -> None:
             both.set()
 
     listener = Listener(mem_queue.register_consumer("c", [TOPIC]), handler, max_workers=1,
-                        retry_backoff=1.0)
+                        retry_backoff_seconds=1.0)
     runner = run_in_thread(listener.run)
     assert both.wait(DEADLINE)
     listener.stop()
@@ -620,7 +620,7 @@ def test_acks_are_batched(mem_queue: PawnQueue) -> None:
     store.delete_many = counting_delete_many  # type: ignore[method-assign]
     publish(mem_queue, 200)
     result = drain(mem_queue.register_consumer("c", [TOPIC]), lambda m: None,
-                   idle_timeout_s=0.3, threads=8)
+                   idle_timeout_seconds=0.3, threads=8)
     assert result == DrainResult(200, 0, 0)
     assert mem_queue.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}
     # unbatched: 2 requests per message (message, then lease) = 400
@@ -631,7 +631,7 @@ def test_drain_max_messages_claims_no_more(mem_queue: PawnQueue) -> None:
     publish(mem_queue, 50)
     seen: list[str] = []
     result = drain(mem_queue.register_consumer("c", [TOPIC]), lambda m: seen.append(m.id),
-                   max_messages=7, threads=4, idle_timeout_s=5)
+                   max_messages=7, threads=4, idle_timeout_seconds=5)
     assert result == DrainResult(7, 0, 0) and len(set(seen)) == 7
     assert mem_queue.topic_stats(TOPIC) == {"pending": 43, "leased": 0, "dead_letter": 0}
     assert runtime_threads() == []
@@ -703,7 +703,7 @@ def test_messages_claimed_while_stopping_are_released_at_once() -> None:
         runner = run_in_thread(listener.run)
         assert in_claim.wait(DEADLINE)
         listener.stop()
-        wait_for(lambda: listener._stopping, "the shutdown to begin")
+        wait_for(lambda: listener._s.stopping, "the shutdown to begin")
         go_on.set()
         join(runner)
         assert handled == []
@@ -798,18 +798,18 @@ def test_an_idle_listener_lists_once_per_interval_from_the_start(
         "before-send.s3", lambda event_name, **_: sent.update([event_name.rsplit(".", 1)[-1]])
     )
     waits: list[float] = []
-    original = listen_module.Listener._wait
+    original = poller_module.Poller._wait
 
-    def recorded(self: Listener, seconds: float) -> bool:
+    def recorded(self: poller_module.Poller, seconds: float) -> bool:
         if threading.current_thread().name.startswith("pawnq-poll-"):
             waits.append(seconds)
             if len(waits) >= 4:
-                self.stop()
+                self._s.request_stop()
                 return True
             return False  # no sleeping: the next poll follows at once
         return original(self, seconds)
 
-    monkeypatch.setattr(listen_module.Listener, "_wait", recorded)
+    monkeypatch.setattr(poller_module.Poller, "_wait", recorded)
     try:
         consumer.listen(lambda msg: None, max_workers=2)
     finally:

@@ -20,7 +20,7 @@ import pytest
 
 from pawn_queue_sync import PawnQueue, load_config
 from pawn_queue_sync.queue.registry import stable_id
-from pawn_queue_sync.runtime.workers import RET_OK, WorkerPool, child_consumer_name
+from pawn_queue_sync.workers import RET_OK, WorkerPool, child_consumer_name
 from tests.servers import S3Server, config_dict
 
 TOPIC = "jobs"
@@ -89,7 +89,7 @@ def test_pool_children_register_their_own_names_and_a_restart_reuses_its_id(
     cfg, pq = queue
     producer = pq.register_producer("producer")
     pool = WorkerPool(cfg, [TOPIC], HANDLER, processes=2, threads=2, consumer_name="pool",
-                      restart_backoff=0.2)
+                      restart_backoff_seconds=0.2)
     statuses: list[int] = []
     runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
     runner.start()

@@ -24,11 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pawn_queue_sync import PawnQueue, cli
+from pawn_queue_sync import PawnQueue, cli, workers
 from pawn_queue_sync.cli import main as pawnq_main
-from pawn_queue_sync.runtime import workers
-from pawn_queue_sync.runtime.cli_worker import main as worker_main
-from pawn_queue_sync.runtime.workers import RET_OK, WorkerPool
+from pawn_queue_sync.cli.worker import main as worker_main
+from pawn_queue_sync.workers import RET_OK, WorkerPool
 from tests import runtime_handlers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,7 +85,7 @@ def test_ctrl_c_to_the_process_group_stops_the_pool_cleanly(tmp_path: Path, run:
         env = dict(os.environ, PYTHONPATH=str(REPO), PAWNQ_TEST_SLEEP="0.2",
                    PAWNQ_TEST_RECORD_DIR=str(record_dir))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pawn_queue_sync.runtime.workers",
+            [sys.executable, "-m", "pawn_queue_sync.cli.worker",
              "tests.runtime_handlers:record", "--topic", TOPIC, "--processes", "2",
              "--threads", "4", "--config", str(config_path), "--shutdown-timeout", "5",
              "-v"],
@@ -156,7 +155,7 @@ def test_children_that_never_start_make_the_pool_give_up(
     pq, _ = open_topic(cfg, publish=10)
     try:
         pool = WorkerPool(cfg, [TOPIC], "metrics_app_handlers:handle", processes=2,
-                          threads=1, restart_backoff=0.05, restart_backoff_max=0.2)
+                          threads=1, restart_backoff_seconds=0.05, restart_backoff_max_seconds=0.2)
         statuses: list[int] = []
         runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
         runner.start()
@@ -194,7 +193,7 @@ def test_worker_pool_refuses_a_shutdown_timeout_that_is_not_finite(value: float)
     (a wait with an infinite or NaN timeout)."""
     with pytest.raises(ValueError, match="shutdown_timeout"):
         WorkerPool({"local": {"path": "/nonexistent"}}, [TOPIC],
-                   "tests.runtime_handlers:record", shutdown_timeout=value)
+                   "tests.runtime_handlers:record", shutdown_timeout_seconds=value)
 
 
 @pytest.mark.parametrize("text", ["inf", "nan", "-1", "-inf"])

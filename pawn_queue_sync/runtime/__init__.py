@@ -1,18 +1,24 @@
-"""Running consumers: lease refresh, thread-pool listening, worker processes, and
-:func:`drain` for embedders such as Spark tasks.
+"""Running consumers in a process: lease refresh, thread-pool listening, and
+:func:`drain` for embedders such as Spark tasks. Below the queue layer: it knows the
+consumer and its messages only through the Protocols of :mod:`.ports`.
 
 - :class:`LeaseRefresher`: renews the leases of messages in hand, on up to
   ``polling.claim_threads`` threads of its own (one per lease tracked, up to that);
 - :class:`Listener`: a poll thread feeding a bounded thread pool (behind
-  :meth:`Consumer.listen <pawn_queue_sync.Consumer.listen>`);
+  :meth:`Consumer.listen <pawn_queue_sync.Consumer.listen>`), configured by
+  :class:`ListenOptions`;
 - :func:`drain`: consume until idle, join everything, return :class:`DrainResult`;
-- :class:`~pawn_queue_sync.runtime.workers.WorkerPool`: supervised worker processes
-  (``pawnq worker``), imported lazily as it pulls in multiprocessing.
+- :class:`Wakeup`, :func:`install_stop_handlers`: signal handling shared with the
+  worker pool (:mod:`pawn_queue_sync.workers`, process level).
 """
 
 from .drain import DrainResult, drain
-from .listen import Handler, Listener, ListenerStats, describe_error
+from .listen import Listener
+from .options import ListenOptions
+from .ports import Handler
 from .refresher import LeaseRefresher
+from .signals import Wakeup, install_stop_handlers
+from .state import ListenerStats, describe_error
 
 __all__ = [
     # embedding
@@ -20,9 +26,13 @@ __all__ = [
     "DrainResult",
     # push mode
     "Listener",
+    "ListenOptions",
     "ListenerStats",
     "Handler",
     "describe_error",
     # pull mode
     "LeaseRefresher",
+    # signals
+    "Wakeup",
+    "install_stop_handlers",
 ]

@@ -9,12 +9,11 @@ signals. It never starts an event loop.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+import warnings
+from typing import NamedTuple
 
-from .listen import Handler, Listener
-
-if TYPE_CHECKING:
-    from ..queue.consumer import Consumer
+from .listen import Listener
+from .ports import ConsumerPort, Handler
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +47,20 @@ class DrainResult(NamedTuple):
 
 
 def drain(
-    consumer: Consumer,
+    consumer: ConsumerPort,
     handler: Handler,
     *,
     max_messages: int | None = None,
-    idle_timeout_s: float = 5.0,
+    idle_timeout_seconds: float = 5.0,
     threads: int = 4,
     handler_timeout_seconds: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> DrainResult:
     """Run ``handler`` on ``threads`` threads over ``consumer``'s topics until they are
     idle, then stop, join every thread, and return the counts.
 
-    - ``idle_timeout_s``: stop once polls have found nothing and no message was in hand
+    - ``idle_timeout_seconds``: stop once polls have found nothing and no message was in
+      hand
       for this many seconds (``0``: stop at the first empty poll with nothing in hand).
     - ``max_messages``: stop after this many handler calls (retries count again); no
       more than that are ever claimed. ``None``: no limit.
@@ -78,20 +79,27 @@ def drain(
     running (its lease will expire, so the message is redelivered): handlers must
     finish.
 
+    ``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds`` (a
+    DeprecationWarning).
+
     Threads of the :class:`~pawn_queue_sync.PawnQueue` itself (its claim and publish
     pools) live until ``PawnQueue.close()``; inside a Spark task close the queue before
     the partition function returns.
     """
+    if idle_timeout_s is not None:
+        warnings.warn("'idle_timeout_s' is deprecated; use 'idle_timeout_seconds'",
+                      DeprecationWarning, stacklevel=2)
+        idle_timeout_seconds = idle_timeout_s
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads!r}")
-    if idle_timeout_s < 0:
-        raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s!r}")
+    if idle_timeout_seconds < 0:
+        raise ValueError(f"idle_timeout_seconds must be >= 0, got {idle_timeout_seconds!r}")
     listener = Listener(
         consumer,
         handler,
         max_workers=threads,
         max_messages=max_messages,
-        idle_timeout=idle_timeout_s,
+        idle_timeout_seconds=idle_timeout_seconds,
         handler_timeout_seconds=handler_timeout_seconds,
     )
     listener.run()

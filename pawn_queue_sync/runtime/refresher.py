@@ -28,13 +28,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from ..errors import LeaseLostError, PawnQueueError
+from .ports import ConsumerPort
 
-if TYPE_CHECKING:
-    from ..queue.consumer import Consumer
-    from ..queue.message import Message
+#: a claimed message (see :class:`~.ports.MessagePort`)
+Message = Any
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LeaseRefresher:
 
     def __init__(
         self,
-        consumer: Consumer,
+        consumer: ConsumerPort,
         interval: float,
         *,
         name: str | None = None,
@@ -227,7 +227,8 @@ class LeaseRefresher:
                     self._busy[pick.id] = threading.current_thread()
                     self._note_lateness(pick, now)
                     return pick
-                self._cond.wait(None if next_due is None else max(next_due - now, 0.001))
+                self._clock.wait(self._cond,
+                                 None if next_due is None else max(next_due - now, 0.001))
             return None
 
     def _forget_settled(self) -> None:

@@ -38,122 +38,44 @@ same stable id (and its old registry entry).
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import logging
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, PawnQueueError, StorageError, TopicNotFoundError
-from .listen import Listener, _Wakeup
+from ..queue.core import PawnQueue
+from ..runtime.options import ListenOptions, renamed
+from ..runtime.signals import Wakeup, install_stop_handlers
+from .child import _checked_listener_options, _child_main, _ChildSpec
+from .common import (
+    _MAX_NAME,
+    _SIGNALS,
+    KILL_GRACE_S,
+    MAX_START_FAILURES,
+    RET_CONFIG,
+    RET_CONNECT,
+    RET_IMPORT,
+    RET_KILLED,
+    RET_OK,
+    RET_START_FAILED,
+    HandlerImportError,
+    child_consumer_name,
+    import_handler,
+)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pawn_queue_sync.workers")
 
-__all__ = [
-    "WorkerPool",
-    "child_consumer_name",
-    "import_handler",
-    "HandlerImportError",
-    "RET_OK",
-    "RET_KILLED",
-    "RET_IMPORT",
-    "RET_CONNECT",
-    "RET_CONFIG",
-    "RET_START_FAILED",
-    "MAX_START_FAILURES",
-]
-
-#: Stopped gracefully; every worker exited cleanly.
-RET_OK = 0
-#: Stopped hard (second signal, or workers outlived the shutdown timeout), or a worker
-#: did not exit cleanly when asked to stop.
-RET_KILLED = 1
-#: The handler could not be imported (5, not 2: 2 is argparse's usage error, which
-#: ``pawnq worker`` and ``python -m pawn_queue_sync.runtime.workers`` also exit with).
-RET_IMPORT = 5
-#: The store could not be reached (or refused us) at startup.
-RET_CONNECT = 3
-#: Invalid configuration, or a topic that does not exist.
-RET_CONFIG = 4
-#: Workers kept failing to start (``max_start_failures`` in a row at one position, each
-#: dying before its first successful poll): the pool gave up.
-RET_START_FAILED = 6
-
-#: Default ``max_start_failures``: consecutive start failures of one worker position
-#: after which the pool gives up (``RET_START_FAILED``) instead of restarting forever.
-MAX_START_FAILURES = 5
-#: How often a starting worker looks whether its first poll succeeded.
-_READY_CHECK_S = 0.05
-
-#: Seconds the parent waits beyond ``shutdown_timeout`` before SIGKILLing workers.
-KILL_GRACE_S = 10.0
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-#: The registry's limit on a consumer name (see queue.registry.register).
-_MAX_NAME = 256
-
-
-def child_consumer_name(consumer_name: str, index: int) -> str:
-    """The consumer name worker ``index`` of a pool named ``consumer_name`` registers:
-    ``"<consumer_name>/<index>"``, the same for every process started at that index."""
-    return f"{consumer_name}/{index}"
-
-
-class HandlerImportError(ImportError):
-    """A ``"package.module:function"`` handler name that does not resolve to a callable."""
-
-
-def import_handler(spec: str) -> Callable[..., Any]:
-    """The callable named by ``"package.module:function"`` (``function`` may be dotted,
-    e.g. ``"pkg.mod:Class.method"``). Raises HandlerImportError saying why not."""
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise HandlerImportError(f"handler {spec!r} is not of the form 'package.module:function'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise HandlerImportError(
-            f"cannot import module {module_name!r} for handler {spec!r}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise HandlerImportError(
-                f"module {module_name!r} has no attribute {attr_path!r} (handler {spec!r})"
-            ) from None
-    if not callable(obj):
-        raise HandlerImportError(f"handler {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
-
-
-@attrs.frozen
-class _ChildSpec:
-    """Everything a worker process needs: plain, picklable data, never a client."""
-
-    config: dict[str, Any] = attrs.field(repr=False)  # includes credentials: never log
-    topics: tuple[str, ...]
-    handler: str
-    threads: int
-    consumer_name: str  # this child's own: child_consumer_name(pool's name, index)
-    shutdown_timeout: float
-    log_level: int
-    index: int
-    listener_options: dict[str, Any] = attrs.field(factory=dict)
+__all__ = ["WorkerPool"]
 
 
 @attrs.define
@@ -193,24 +115,33 @@ class WorkerPool:
         processes: int = 1,
         threads: int = 4,
         consumer_name: str = "worker",
-        shutdown_timeout: float = 30.0,
-        restart_backoff: float = 1.0,
-        restart_backoff_max: float = 30.0,
+        shutdown_timeout_seconds: float = 30.0,
+        restart_backoff_seconds: float = 1.0,
+        restart_backoff_max_seconds: float = 30.0,
         start_method: str = "spawn",
         install_signal_handlers: bool = True,
         log_level: int | None = None,
-        listener_options: Mapping[str, Any] | None = None,
+        listener_options: ListenOptions | Mapping[str, Any] | None = None,
         max_start_failures: int = MAX_START_FAILURES,
+        **deprecated: float,
     ) -> None:
+        unknown = sorted(set(deprecated) - set(_DEPRECATED))
+        if unknown:
+            raise TypeError(f"WorkerPool() got an unexpected keyword argument {unknown[0]!r}")
+        names = renamed(deprecated, _DEPRECATED)
+        shutdown_timeout = names.get("shutdown_timeout_seconds", shutdown_timeout_seconds)
+        restart_backoff = names.get("restart_backoff_seconds", restart_backoff_seconds)
+        restart_backoff_max = names.get("restart_backoff_max_seconds",
+                                        restart_backoff_max_seconds)
         if isinstance(topics, str):
             topics = [topics]
         if not topics:
             raise ValueError("a worker pool needs at least one topic")
         if processes < 1 or threads < 1:
             raise ValueError("processes and threads must be >= 1")
-        for label, value in (("shutdown_timeout", shutdown_timeout),
-                             ("restart_backoff", restart_backoff),
-                             ("restart_backoff_max", restart_backoff_max)):
+        for label, value in (("shutdown_timeout_seconds", shutdown_timeout),
+                             ("restart_backoff_seconds", restart_backoff),
+                             ("restart_backoff_max_seconds", restart_backoff_max)):
             # inf or nan would crash the supervisor's waits (at the first stop request)
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or value < 0):
@@ -242,7 +173,8 @@ class WorkerPool:
         self._install_signals = install_signal_handlers
         self._log_level = log_level if log_level is not None else logging.getLogger().level
         self._listener_options = _checked_listener_options(listener_options)
-        self._wakeup = _Wakeup()
+        self._wakeup = Wakeup()
+        self._clock: Clock = SYSTEM_CLOCK
         self._stop_requests = 0  # plain int: bumped by stop(), maybe in a signal handler
         self._slots: list[_Slot] = []
         self._lock = threading.Lock()
@@ -309,8 +241,6 @@ class WorkerPool:
             log.error("invalid configuration: %s", exc)
             return RET_CONFIG
         self._config_dict = config.to_dict()
-        from ..queue.core import PawnQueue
-
         pq = PawnQueue(config)
         try:
             pq.setup()
@@ -330,22 +260,15 @@ class WorkerPool:
         return None
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        if not self._install_signals or threading.current_thread() is not threading.main_thread():
+        if not self._install_signals:
             return lambda: None
 
         def on_signal(signum: int, frame: object) -> None:
             self.stop()
 
-        previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
         # A signal handed to another thread wakes the supervisor's wait through this.
-        previous_fd = signal.set_wakeup_fd(self._wakeup.write_fd(), warn_on_full_buffer=False)
-
-        def restore() -> None:
-            signal.set_wakeup_fd(previous_fd)
-            for s, h in previous.items():
-                signal.signal(s, h)
-
-        return restore
+        restore = install_stop_handlers(on_signal, self._wakeup, _SIGNALS)
+        return restore if restore is not None else (lambda: None)
 
     def _spec(self, index: int) -> _ChildSpec:
         return _ChildSpec(
@@ -374,7 +297,7 @@ class WorkerPool:
         with self._lock:
             slot.process = proc
             slot.ready = ready
-            slot.started_at = time.monotonic()
+            slot.started_at = self._clock.monotonic()
             slot.restart_at = None
             slot.exitcode = None
         log.info("started worker %d (pid %s)", slot.index, proc.pid)
@@ -402,12 +325,12 @@ class WorkerPool:
                 log.info("stopping: asking %d worker(s) to finish", len(self.worker_pids()))
                 self._signal_all(signal.SIGTERM)
                 graceful_sent = True
-                deadline = time.monotonic() + self._shutdown_timeout + KILL_GRACE_S
+                deadline = self._clock.monotonic() + self._shutdown_timeout + KILL_GRACE_S
             self._reap(stopping=requests >= 1)
             live = [s for s in self._slots if s.process is not None]
             if requests >= 1 and not live:
                 break
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if deadline is not None and now >= deadline and not hard:
                 log.error("workers still running %.0f s after the stop request: killing",
                           self._shutdown_timeout + KILL_GRACE_S)
@@ -426,7 +349,7 @@ class WorkerPool:
                 timeouts.append(deadline - now)
             timeout = max(min(timeouts), 0.0) if timeouts else None
             waitables: list[Any] = [s.process.sentinel for s in live if s.process is not None]
-            waitables.append(self._wakeup._r)
+            waitables.append(self._wakeup)
             multiprocessing.connection.wait(waitables, timeout)
             self._wakeup.wait(0)  # drain
         if self._gave_up:
@@ -444,7 +367,7 @@ class WorkerPool:
 
     def _reap(self, stopping: bool) -> None:
         """Collect dead workers; schedule a restart of those that died unexpectedly."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for slot in self._slots:
             proc = slot.process
             if proc is None or proc.exitcode is None:
@@ -495,124 +418,12 @@ class WorkerPool:
         self.killed += self._signal_all(signal.SIGKILL)
 
 
-# -- the worker process --------------------------------------------------------------------
 
 
-#: Listener keyword arguments the pool sets itself, for every child.
-_POOL_SET = frozenset(
-    {"consumer", "handler", "max_workers", "shutdown_timeout", "install_signal_handlers", "name"}
-)
 
-
-def _checked_listener_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` if every name is a Listener option the pool leaves to the caller;
-    a misspelled one is a ValueError here, not a TypeError in every child (each of
-    which would die before polling until the pool gave up)."""
-    options = dict(options or {})
-    known = set(inspect.signature(Listener.__init__).parameters) - {"self"} - _POOL_SET
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown listener option(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(sorted(known))}"
-        )
-    return options
-
-
-def _child_main(spec: _ChildSpec, ready: Any = None) -> None:
-    """Entry point of a worker process (runs in a fresh interpreter). ``ready`` (shared
-    memory) is set to 1 after the first successful poll: the worker has started."""
-    listener: Listener | None = None
-    stop_asked = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop_asked
-        stop_asked = True
-        if listener is not None:
-            listener.stop()
-
-    for s in _SIGNALS:
-        signal.signal(s, on_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # blocked by the parent at start
-    _setup_child_logging(spec.log_level)
-    name = spec.consumer_name  # ours alone: <pool's consumer_name>/<index>
-    try:
-        handler = import_handler(spec.handler)
-    except HandlerImportError as exc:
-        log.error("worker %s: %s", name, exc)
-        sys.exit(RET_IMPORT)
-    from ..queue.core import PawnQueue
-
-    try:
-        pq = PawnQueue(load_config(spec.config)).setup()
-    except (StorageError, OSError) as exc:
-        log.error("worker %s: cannot reach the store: %s", name, exc)
-        sys.exit(RET_CONNECT)
-    try:
-        consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
-        # The listener's own signal handlers make its self-pipe the wakeup fd: a signal
-        # handed to another thread of ours still wakes the main thread's wait (without
-        # it Ctrl-C, SIGINT and the supervisor's SIGTERM at once, was mostly missed).
-        options = {**spec.listener_options, "install_signal_handlers": True}
-        listener = Listener(
-            consumer, handler, max_workers=spec.threads,
-            shutdown_timeout=spec.shutdown_timeout, name=name, **options,
-        )
-        if stop_asked:
-            listener.stop()
-        _watch_parent(listener)
-        if ready is not None:
-            _report_first_poll(listener, ready)
-        listener.run()
-    finally:
-        if listener is not None and listener.unfinished:
-            # a handler outlived the shutdown timeout: do not wait for it at exit
-            log.error("worker %s: %d handler(s) still running after %.0f s; exiting hard",
-                      name, listener.unfinished, spec.shutdown_timeout)
-            logging.shutdown()
-            os._exit(RET_KILLED)
-        pq.teardown()
-
-
-def _watch_parent(listener: Listener) -> None:
-    """Stop gracefully if the supervisor dies (no orphan keeps consuming)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        if not listener.stopping:
-            log.warning("the worker pool's supervisor died: stopping")
-        listener.stop()
-
-    threading.Thread(target=watch, name="pawnq-parent-watch", daemon=True).start()
-
-
-def _report_first_poll(listener: Listener, ready: Any) -> None:
-    """Set ``ready`` once the listener has polled successfully (the worker started)."""
-
-    def watch() -> None:
-        while not listener.stopping:
-            if listener.stats.polls:
-                ready.value = 1
-                return
-            time.sleep(_READY_CHECK_S)
-
-    threading.Thread(target=watch, name="pawnq-ready-watch", daemon=True).start()
-
-
-def _setup_child_logging(level: int) -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=level or logging.WARNING,
-            format="%(asctime)s %(processName)s[%(process)d] %(levelname)s %(name)s: "
-                   "%(message)s",
-        )
-
-
-if __name__ == "__main__":
-    from .cli_worker import main
-
-    sys.exit(main())
+#: Old WorkerPool keywords -> their ``*_seconds`` names (deprecated aliases).
+_DEPRECATED = {
+    "shutdown_timeout": "shutdown_timeout_seconds",
+    "restart_backoff": "restart_backoff_seconds",
+    "restart_backoff_max": "restart_backoff_max_seconds",
+}

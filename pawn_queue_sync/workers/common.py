@@ -1,0 +1,91 @@
+"""What the supervisor and its worker processes share: exit statuses, the child
+consumer names, and importing a handler by name."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "child_consumer_name",
+    "import_handler",
+    "HandlerImportError",
+    "RET_OK",
+    "RET_KILLED",
+    "RET_IMPORT",
+    "RET_CONNECT",
+    "RET_CONFIG",
+    "RET_START_FAILED",
+    "MAX_START_FAILURES",
+    "KILL_GRACE_S",
+]
+
+#: Stopped gracefully; every worker exited cleanly.
+RET_OK = 0
+#: Stopped hard (second signal, or workers outlived the shutdown timeout), or a worker
+#: did not exit cleanly when asked to stop.
+RET_KILLED = 1
+#: The handler could not be imported (5, not 2: 2 is argparse's usage error, which
+#: ``pawnq worker`` and ``python -m pawn_queue_sync.workers`` also exit with).
+RET_IMPORT = 5
+#: The store could not be reached (or refused us) at startup.
+RET_CONNECT = 3
+#: Invalid configuration, or a topic that does not exist.
+RET_CONFIG = 4
+#: Workers kept failing to start (``max_start_failures`` in a row at one position, each
+#: dying before its first successful poll): the pool gave up.
+RET_START_FAILED = 6
+
+#: Default ``max_start_failures``: consecutive start failures of one worker position
+#: after which the pool gives up (``RET_START_FAILED``) instead of restarting forever.
+MAX_START_FAILURES = 5
+#: How often a starting worker looks whether its first poll succeeded.
+_READY_CHECK_S = 0.05
+
+#: Seconds the parent waits beyond ``shutdown_timeout`` before SIGKILLing workers.
+KILL_GRACE_S = 10.0
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+#: The registry's limit on a consumer name (see queue.registry.register).
+_MAX_NAME = 256
+
+
+def child_consumer_name(consumer_name: str, index: int) -> str:
+    """The consumer name worker ``index`` of a pool named ``consumer_name`` registers:
+    ``"<consumer_name>/<index>"``, the same for every process started at that index."""
+    return f"{consumer_name}/{index}"
+
+
+class HandlerImportError(ImportError):
+    """A ``"package.module:function"`` handler name that does not resolve to a callable."""
+
+
+def import_handler(spec: str) -> Callable[..., Any]:
+    """The callable named by ``"package.module:function"`` (``function`` may be dotted,
+    e.g. ``"pkg.mod:Class.method"``). Raises HandlerImportError saying why not."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise HandlerImportError(f"handler {spec!r} is not of the form 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HandlerImportError(
+            f"cannot import module {module_name!r} for handler {spec!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise HandlerImportError(
+                f"module {module_name!r} has no attribute {attr_path!r} (handler {spec!r})"
+            ) from None
+    if not callable(obj):
+        raise HandlerImportError(f"handler {spec!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
