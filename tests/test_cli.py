@@ -109,3 +109,26 @@ def test_python_m_runs_the_same_cli_as_the_pawnq_script(tmp_path: Path) -> None:
             script.returncode, script.stdout, script.stderr)
     assert runs["-m"][0].stdout.startswith("usage: pawnq ")
     assert runs["-m"][2].stdout == "t: created\n" and runs["-m"][3].stdout == "t\n"
+
+
+def test_the_standalone_worker_command_runs_without_a_warning() -> None:
+    """``python -m pawn_queue_sync.cli.worker`` (the worker command without ``pawnq``)
+    is not imported by the package before it runs (runpy's RuntimeWarning)."""
+    proc = subprocess.run([sys.executable, "-m", "pawn_queue_sync.cli.worker", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("usage: pawnq-worker ")
+
+
+def test_the_worker_pool_never_imports_the_cli() -> None:
+    """The CLI imports the worker pool; no module of the pool imports the CLI back."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import pawn_queue_sync.workers as w\n"
+        "for m in pkgutil.iter_modules(w.__path__):\n"
+        "    importlib.import_module(f'pawn_queue_sync.workers.{m.name}')\n"
+        "print(sorted(n for n in sys.modules if n.startswith('pawn_queue_sync.cli')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "[]\n"), proc.stderr

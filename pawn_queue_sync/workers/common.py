@@ -28,7 +28,7 @@ RET_OK = 0
 #: did not exit cleanly when asked to stop.
 RET_KILLED = 1
 #: The handler could not be imported (5, not 2: 2 is argparse's usage error, which
-#: ``pawnq worker`` and ``python -m pawn_queue_sync.workers`` also exit with).
+#: ``pawnq worker`` and ``python -m pawn_queue_sync worker`` also exit with).
 RET_IMPORT = 5
 #: The store could not be reached (or refused us) at startup.
 RET_CONNECT = 3
