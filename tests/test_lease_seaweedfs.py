@@ -24,8 +24,8 @@ import pytest
 from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, layout, load_config
 from pawn_queue_sync.clock import SystemClock
 from pawn_queue_sync.protocol.lease import is_stale
-from pawn_queue_sync.queue.core import build_store
 from pawn_queue_sync.storage.base import Store
+from pawn_queue_sync.storage.factory import build_store
 from tests.servers import config_dict, deep_merge
 
 TOPIC = "jobs"

@@ -35,9 +35,9 @@ from pawn_queue_sync import (
 )
 from pawn_queue_sync.queue import registry
 from pawn_queue_sync.queue.consumer import _CONTENDED_WINDOW
-from pawn_queue_sync.queue.core import build_store
 from pawn_queue_sync.queue.registry import stable_id
 from pawn_queue_sync.storage.base import Store
+from pawn_queue_sync.storage.factory import build_store
 from tests.servers import S3Server, config_dict, deep_merge
 
 #: conftest's session fixture for each S3 server.

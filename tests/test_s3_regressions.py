@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import select
-import signal
 import threading
 import time
 import traceback
@@ -39,6 +37,7 @@ from pawn_queue_sync.storage.s3 import S3Store
 from pawn_queue_sync.storage.s3.secrets import SECRET_FILTER
 from pawn_queue_sync.storage.s3.wire import _Request
 
+from .forking import in_child
 from .servers import S3Server, closed_port, config_dict
 
 ACCESS_KEY = "AKIAREGRESSIONCHECK1"
@@ -570,35 +569,6 @@ def test_memory_and_local_stores_take_a_deadline(tmp_path: Any) -> None:
 # ----------------------------------------------------------------------- 7. fork
 
 
-def _exit_code_of_child(pid: int, limit: float = 30.0) -> int | None:
-    """The child's exit code; None (and the child killed) if it has not exited within
-    ``limit`` seconds, e.g. deadlocked."""
-    fd = os.pidfd_open(pid)
-    try:
-        ready, _, _ = select.select([fd], [], [], limit)
-    finally:
-        os.close(fd)
-    if not ready:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return None
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-def _fork_and_use(use: Callable[[], None]) -> int | None:
-    pid = os.fork()
-    if pid == 0:  # the child: only the forking thread exists here
-        code = 1
-        try:
-            use()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return _exit_code_of_child(pid)
-
-
 @PATHS
 def test_fork_while_another_thread_builds_the_client(recorder: Recorder, fast: bool) -> None:
     """A thread is building the store's client (holding its lock) when the process forks:
@@ -619,7 +589,7 @@ def test_fork_while_another_thread_builds_the_client(recorder: Recorder, fast: b
     worker.start()
     try:
         assert inside.wait(30)
-        code = _fork_and_use(lambda: store.put("t/child", b"{}"))
+        code = in_child(lambda: store.put("t/child", b"{}"))
     finally:
         release.set()
         worker.join(30)
@@ -642,7 +612,7 @@ def test_fork_while_another_thread_registers_secrets(recorder: Recorder) -> None
     holder.start()
     try:
         assert held.wait(30)
-        code = _fork_and_use(lambda: store_at(recorder.endpoint()).put("t/child", b"{}"))
+        code = in_child(lambda: store_at(recorder.endpoint()).put("t/child", b"{}"))
     finally:
         release.set()
         holder.join(30)
@@ -667,7 +637,7 @@ def test_fork_while_another_thread_waits_for_an_answer(recorder: Recorder) -> No
     worker.start()
     try:
         assert arrived.wait(30)
-        code = _fork_and_use(lambda: store.put("t/child", b"{}"))
+        code = in_child(lambda: store.put("t/child", b"{}"))
     finally:
         recorder.released.set()
         worker.join(30)

@@ -7,7 +7,6 @@ import logging
 import os
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from .. import layout
@@ -16,6 +15,7 @@ from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
+from ..storage.factory import build_store
 from . import registry, topics
 from .consumer import Consumer
 from .context import Context
@@ -37,9 +37,16 @@ class PawnQueue:
         *,
         store: Store | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        session: Any = None,
+        client: Any = None,
     ) -> None:
         """``config``: whatever :meth:`from_config` takes (a YAML path, a dict, a
-        :class:`PawnQueueConfig` or None); anything else is a ConfigError."""
+        :class:`PawnQueueConfig` or None); anything else is a ConfigError. ``session``
+        (a ``boto3.Session``) or ``client`` (a boto3 S3 client): what the S3 store's
+        requests use instead of the settings' credentials (see
+        :func:`~pawn_queue_sync.storage.factory.build_store`); not with ``store``."""
+        if store is not None and (session is not None or client is not None):
+            raise ConfigError("store", "give a store, or a boto3 session or client, not both")
         if not isinstance(config, PawnQueueConfig):
             if config is not None and not isinstance(config, (str, os.PathLike, Mapping)):
                 raise ConfigError(
@@ -49,16 +56,23 @@ class PawnQueue:
             config = load_config(config)
         self._config = config
         self._given_store = store
+        self._session = session
+        self._client = client
         self._clock = clock
         self._ctx: Context | None = None
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
 
     @classmethod
     def from_config(
-        cls, source: str | os.PathLike[str] | dict[str, Any] | PawnQueueConfig | None = None
+        cls,
+        source: str | os.PathLike[str] | dict[str, Any] | PawnQueueConfig | None = None,
+        *,
+        session: Any = None,
+        client: Any = None,
     ) -> PawnQueue:
-        """A queue from a YAML path, a dict or a config object (env fills the gaps)."""
-        return cls(load_config(source))
+        """A queue from a YAML path, a dict or a config object (env fills the gaps);
+        ``session``/``client``: the caller's boto3 session or S3 client for its store."""
+        return cls(load_config(source), session=session, client=client)
 
     @property
     def config(self) -> PawnQueueConfig:
@@ -74,7 +88,9 @@ class PawnQueue:
         """Connect, check the bucket, and probe conditional-request support. Idempotent."""
         if self._ctx is not None:
             return self
-        store = self._given_store or build_store(self._config)
+        store = self._given_store or build_store(
+            self._config, session=self._session, client=self._client
+        )
         try:  # a racing probe, once per store and process (see protocol.probe)
             caps = capabilities(store, self._config.concurrency.strategy)
         except BaseException:
@@ -168,21 +184,3 @@ class PawnQueue:
 
     def list_registrations(self, role: registry.Role | None = None) -> list[registry.RegistryEntry]:
         return registry.list_entries(self.context, role)
-
-
-def build_store(config: PawnQueueConfig) -> Store:
-    """The store the configuration asks for: S3 when an s3 section is given, else local."""
-    if config.s3 is not None:
-        from ..storage.s3 import S3Store
-
-        threads = config.polling.claim_threads + config.publishing.batch_threads + 8
-        s3 = S3Store(config.s3, max_pool_connections=threads)
-        try:
-            s3.ensure_bucket(create=config.s3.create_bucket)
-        except BaseException:
-            s3.close()
-            raise
-        return s3
-    from ..storage.local import LocalStore
-
-    return LocalStore(Path(config.local.path), fsync=config.local.fsync)

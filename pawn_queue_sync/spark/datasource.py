@@ -46,8 +46,8 @@ from pyspark.sql.types import StructType
 
 from .. import layout
 from ..errors import ConfigError, ObjectNotFound, StorageError, TopicNotFoundError
-from ..queue.core import build_store
 from ..storage.base import Store
+from ..storage.factory import build_store
 from ._common import (
     CONFIG_PATH_OPTION,
     CONNECTION_OPTIONS,
