@@ -9,24 +9,12 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote_plus
-from xml.sax.saxutils import escape
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pawn_queue_sync.config import S3Config
 from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound, StoreUnavailable
 from pawn_queue_sync.storage.s3 import S3Store
-from pawn_queue_sync.storage.s3.answers import (
-    Answer,
-    _parse_list,
-    _scan_list,
-    delete_errors,
-    error_of,
-    list_page,
-)
 
 from .servers import ACCESS_KEY, SECRET_KEY, S3Server, closed_port
 
@@ -227,97 +215,3 @@ def test_unreachable_endpoint_names_it_and_nothing_else() -> None:
         store.put("k", b"{}")
     assert f"127.0.0.1:{unused_port}" in str(info.value)
     assert SECRET_KEY not in str(info.value)
-
-
-# -- the answer parsers, on what servers send --------------------------------------------
-
-
-def test_parsers_read_what_servers_send() -> None:
-    page = list_page(
-        b'<?xml version="1.0" encoding="UTF-8"?>'
-        b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-        b"<Name>b</Name><Prefix>t%2F</Prefix><EncodingType>url</EncodingType>"
-        b"<IsTruncated>true</IsTruncated><NextContinuationToken>tok%2B</NextContinuationToken>"
-        b"<Contents><Key>t/a%20b</Key><LastModified>2026-11-26T01:02:03.000Z</LastModified>"
-        b"<ETag>&quot;abc&quot;</ETag><Size>7</Size></Contents>"
-        b"<CommonPrefixes><Prefix>t/d%2Be/</Prefix></CommonPrefixes>"
-        b"</ListBucketResult>"
-    )
-    assert page.rows == [("t/a b", '"abc"', 7, "2026-11-26T01:02:03.000Z")]
-    assert page.prefixes == ["t/d+e/"]
-    assert page.token == "tok%2B"  # opaque: sent back as it came
-    assert list_page(b"<ListBucketResult><IsTruncated>false</IsTruncated>"
-                     b"<NextContinuationToken>x</NextContinuationToken>"
-                     b"</ListBucketResult>").token is None
-    assert delete_errors(
-        b"<DeleteResult><Error><Key>k1</Key><Code>AccessDenied</Code></Error>"
-        b"<Deleted><Key>k2</Key></Deleted></DeleteResult>"
-    ) == [("k1", "AccessDenied")]
-    assert error_of(Answer(412, {}, b"<Error><Code>PreconditionFailed</Code>"
-                                    b"<Message>no</Message></Error>")) == (
-        "PreconditionFailed", "no")
-    assert error_of(Answer(404, {}, b"")) == ("404", "")
-    with pytest.raises(ValueError):
-        list_page(b"<html>not s3</html")
-
-
-# -- the listing scanner agrees with ElementTree -----------------------------------------
-
-_KEY_TEXT = st.text(
-    st.characters(blacklist_categories=("Cs", "Cc", "Cn")), min_size=1, max_size=40
-)
-
-
-@st.composite
-def listings(draw: st.DrawFn) -> tuple[bytes, bool]:
-    """A ListObjectsV2 answer as servers write it (url-encoded keys, escaped text,
-    optional owners and pretty-printing), and whether it is truncated."""
-    encoded = draw(st.booleans())
-    enc = (lambda k: quote_plus(k, safe="/")) if encoded else (lambda k: k)
-    nl = "\n  " if draw(st.booleans()) else ""
-    rows = draw(st.lists(st.tuples(_KEY_TEXT, st.text("0123456789abcdef\"-", max_size=34),
-                                   st.integers(0, 10**12)), max_size=8))
-    parts = ['<?xml version="1.0" encoding="UTF-8"?>',
-             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
-             f"{nl}<Name>b</Name><Prefix>{escape(enc('t/'))}</Prefix>"]
-    if encoded:
-        parts.append("<EncodingType>url</EncodingType>")
-    truncated = draw(st.booleans())
-    parts.append(f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
-    if truncated:
-        token = draw(st.text(min_size=1, max_size=20).filter(lambda t: t.strip() == t and all(
-            c.isprintable() for c in t)))
-        parts.append(f"<NextContinuationToken>{escape(token)}</NextContinuationToken>")
-    for key, etag, size in rows:
-        owner = "<Owner><ID>o</ID><DisplayName>d</DisplayName></Owner>" if size % 2 else ""
-        parts.append(
-            f"{nl}<Contents>{nl}<Key>{escape(enc(key))}</Key>"
-            f"<LastModified>2026-11-26T01:02:03.000Z</LastModified>"
-            f"<ETag>{escape(etag)}</ETag><Size>{size}</Size>{owner}"
-            f"<StorageClass>STANDARD</StorageClass></Contents>"
-        )
-    for p in draw(st.lists(_KEY_TEXT, max_size=3)):
-        parts.append(f"<CommonPrefixes><Prefix>{escape(enc(p + '/'))}</Prefix></CommonPrefixes>")
-    parts.append("</ListBucketResult>")
-    return "".join(parts).encode("utf-8"), truncated
-
-
-@settings(max_examples=300, deadline=None)
-@given(listings())
-def test_the_listing_scanner_reads_exactly_what_elementtree_reads(case: tuple[bytes, bool]) -> None:
-    body, _ = case
-    scanned = _scan_list(body)
-    assert scanned is not None  # plain answers take the fast way
-    assert scanned == _parse_list(body)
-
-
-def test_unusual_listings_go_to_elementtree() -> None:
-    cdata = (b"<ListBucketResult><IsTruncated>false</IsTruncated><Contents>"
-             b"<Key><![CDATA[a<b]]></Key><ETag>e</ETag><Size>1</Size></Contents>"
-             b"</ListBucketResult>")
-    prefixed = (b'<s3:ListBucketResult xmlns:s3="http://s3.amazonaws.com/doc/2006-03-01/">'
-                b"<s3:Contents><s3:Key>k</s3:Key><s3:Size>1</s3:Size></s3:Contents>"
-                b"</s3:ListBucketResult>")
-    for body, key in ((cdata, "a<b"), (prefixed, "k")):
-        assert _scan_list(body) is None
-        assert list_page(body).rows[0][0] == key
