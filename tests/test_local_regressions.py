@@ -218,7 +218,7 @@ def _writer_stuck_in_fsync(store: LocalStore, key: str) -> int:
                     time.sleep(3600)
 
             os.fsync = stuck
-            local_mod._flush = stuck  # type: ignore[attr-defined]  (F_FULLFSYNC on macOS)
+            local_files._flush = stuck  # type: ignore[attr-defined]  (F_FULLFSYNC on macOS)
             store.put(key, b"x" * 4096)
         finally:
             os._exit(1)

@@ -68,15 +68,18 @@ from .listing import build_listing
 from .local_files import (
     LOCK_STRIPES,
     StripedLocks,
-    _flush,
     _is_full,
     _mtime,
-    _temp_name,
     _translated,
     _unlink_quietly,
     _utcnow,
+    ensure_dir,
+    link_new,
     read_file,
     remove_dead_temps,
+    replace_with,
+    sync_dir,
+    write_temp,
 )
 from .local_names import (
     PRIVATE_DIR,
@@ -177,7 +180,7 @@ class LocalStore:
             try:
                 with self._locked(key):
                     time_left(deadline, time.monotonic(), "put", key)
-                    self._ensure_dir(path.parent, key)
+                    ensure_dir(self._root, path.parent, key, fsync=self._fsync)
                     self._case.refuse_collision(key)  # a directory made meanwhile
                     if if_match is not None and self._current_etag(path) != normalize_etag(
                         if_match
@@ -185,11 +188,11 @@ class LocalStore:
                         raise ConditionFailed("If-Match did not hold", key=key)
                     os.utime(tmp)  # last_modified = publication, not the wait for the lock
                     if if_none_match:
-                        self._link_new(tmp, path, key)
+                        link_new(tmp, path, key)
                     else:
-                        self._replace(tmp, path, key)
+                        replace_with(tmp, path, key)
                         tmp = None
-                    self._sync_dir(path.parent)
+                    sync_dir(path.parent, fsync=self._fsync)
             finally:
                 if tmp is not None:
                     _unlink_quietly(tmp)
@@ -238,7 +241,7 @@ class LocalStore:
                 os.unlink(path)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 return  # no such object (a directory is not an object)
-            self._sync_dir(path.parent)
+            sync_dir(path.parent, fsync=self._fsync)
 
     def delete_many(
         self, keys: Iterable[str], *, deadline: float | None = None,
@@ -353,79 +356,16 @@ class LocalStore:
     # -- writing ----------------------------------------------------------------------
 
     def _write_temp_making_room(self, data: bytes) -> Path:
-        """:meth:`_write_temp`; if the disk is full, remove the temp files of dead
+        """:func:`write_temp`; if the disk is full, remove the temp files of dead
         writers (often what filled it) and, if there were any, try once more."""
         try:
-            return self._write_temp(data)
+            return write_temp(self._tmp, data, fsync=self._fsync)
         except OSError as exc:
             if not _is_full(exc) or not remove_dead_temps(self._tmp):
                 raise
             log.warning("%s: disk full; removed temp files of dead writers, retrying",
                         self.describe())
-        return self._write_temp(data)
-
-    def _write_temp(self, data: bytes) -> Path:
-        """Write ``data`` to a new private temp file (fsynced) and return its path."""
-        tmp = self._tmp / _temp_name()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if self._fsync:
-                _flush(fd)
-        except BaseException:
-            os.close(fd)
-            _unlink_quietly(tmp)
-            raise
-        os.close(fd)
-        return tmp
-
-    def _link_new(self, tmp: Path, path: Path, key: str) -> None:
-        """Publish ``tmp`` at ``path`` only if nothing is there (atomic)."""
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            if path.is_dir():
-                raise StorageError(
-                    "key is a prefix of other keys; a local store cannot hold both", key=key
-                ) from None
-            raise ConditionFailed("If-None-Match: the key exists", key=key) from None
-
-    def _replace(self, tmp: Path, path: Path, key: str) -> None:
-        """Publish ``tmp`` at ``path``, replacing whatever object is there (atomic)."""
-        try:
-            os.replace(tmp, path)
-        except IsADirectoryError:
-            raise StorageError(
-                "key is a prefix of other keys; a local store cannot hold both", key=key
-            ) from None
-
-    def _ensure_dir(self, directory: Path, key: str) -> None:
-        """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
-        if directory.is_dir():
-            return
-        if directory == self._root:
-            raise StorageError("store root has disappeared", key=key)
-        self._ensure_dir(directory.parent, key)
-        try:
-            directory.mkdir(exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise StorageError(
-                "a prefix of the key is itself a key; a local store cannot hold both", key=key
-            ) from None
-        self._sync_dir(directory.parent)
-
-    def _sync_dir(self, directory: Path) -> None:
-        """fsync a directory so a rename, link or unlink in it is durable."""
-        if not self._fsync:
-            return
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            _flush(fd)
-        finally:
-            os.close(fd)
+        return write_temp(self._tmp, data, fsync=self._fsync)
 
     # -- listing ----------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..errors import StoreFull
-from .base import StorageError
+from .base import ConditionFailed, StorageError
 
 log = logging.getLogger("pawn_queue_sync.storage.local")
 
@@ -207,6 +207,77 @@ def _unlink_quietly(path: Path) -> None:
         os.unlink(path)
 
 
+
+
+# -- publishing a temp file atomically -------------------------------------------------
+
+
+def write_temp(tmp_dir: Path, data: bytes, *, fsync: bool) -> Path:
+    """Write ``data`` to a new private temp file (fsynced) and return its path."""
+    tmp = tmp_dir / _temp_name()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if fsync:
+            _flush(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def link_new(tmp: Path, path: Path, key: str) -> None:
+    """Publish ``tmp`` at ``path`` only if nothing is there (atomic)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        if path.is_dir():
+            raise StorageError(
+                "key is a prefix of other keys; a local store cannot hold both", key=key
+            ) from None
+        raise ConditionFailed("If-None-Match: the key exists", key=key) from None
+
+
+def replace_with(tmp: Path, path: Path, key: str) -> None:
+    """Publish ``tmp`` at ``path``, replacing whatever object is there (atomic)."""
+    try:
+        os.replace(tmp, path)
+    except IsADirectoryError:
+        raise StorageError(
+            "key is a prefix of other keys; a local store cannot hold both", key=key
+        ) from None
+
+
+def ensure_dir(root: Path, directory: Path, key: str, *, fsync: bool) -> None:
+    """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
+    if directory.is_dir():
+        return
+    if directory == root:
+        raise StorageError("store root has disappeared", key=key)
+    ensure_dir(root, directory.parent, key, fsync=fsync)
+    try:
+        directory.mkdir(exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StorageError(
+            "a prefix of the key is itself a key; a local store cannot hold both", key=key
+        ) from None
+    sync_dir(directory.parent, fsync=fsync)
+
+
+def sync_dir(directory: Path, *, fsync: bool) -> None:
+    """fsync a directory so a rename, link or unlink in it is durable."""
+    if not fsync:
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _flush(fd)
+    finally:
+        os.close(fd)
 
 
 # -- striped locks --------------------------------------------------------------------
