@@ -8,6 +8,7 @@ in a pickle."""
 from __future__ import annotations
 
 import pickle
+import traceback
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -74,6 +75,23 @@ def test_a_session_s_credentials_sign_the_requests(
     wrong = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key="not-the-secret")
     with pytest.raises(StoreUnavailable):
         PawnQueue.from_config(cfg, session=wrong).setup()
+
+
+def test_a_read_only_session_fails_at_setup_after_an_admin_one(
+    real_s3: S3Server, real_bucket: str
+) -> None:
+    """The probe's cached result is per identity: a read-only session's queue is
+    refused at setup even in a process whose admin session probed the bucket, and its
+    secret shows nowhere in the error."""
+    cfg = _keyless_config(real_s3, real_bucket)
+    admin = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+    with PawnQueue.from_config(cfg, session=admin) as pq:
+        pq.create_topic("orders")
+    readonly = boto3.Session(aws_access_key_id=READONLY_ACCESS_KEY,
+                             aws_secret_access_key=READONLY_SECRET_KEY)
+    with pytest.raises(StoreUnavailable, match="read-only") as info:
+        PawnQueue.from_config(cfg, session=readonly).setup()
+    assert READONLY_SECRET_KEY not in "".join(traceback.format_exception(info.value))
 
 
 @pytest.fixture

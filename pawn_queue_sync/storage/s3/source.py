@@ -69,9 +69,10 @@ class ClientSource:
         default credential chain."""
         who = self._config.aws_access_key_id
         if who is None and self.kind != "settings":
-            creds = self._credentials_of(self._session or self._client)
+            given = self._session or self._client
+            creds = self._credentials_of(given)
             frozen = None if creds is None else creds.get_frozen_credentials()
-            who = f"{self.kind}:{frozen.access_key if frozen else id(self._session)}"
+            who = frozen.access_key if frozen else f"{self.kind} {id(given)}"
         digest = hashlib.sha256((who or "default credential chain").encode("utf-8")).hexdigest()
         return digest[:16]
 
