@@ -32,6 +32,7 @@ from .errors import (
     StorageError,
     StoreClosed,
     StoreFull,
+    StoreNotPortable,
     StoreUnavailable,
     TopicNotFoundError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreClosed",
     "StoreFull",
+    "StoreNotPortable",
     "DeadlineExceeded",
     "CaseCollision",
     "PlatformNotSupported",
