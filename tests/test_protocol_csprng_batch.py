@@ -127,7 +127,7 @@ def worlds(draw):
 
 
 def judge(caps: Capabilities):
-    """What a poll does first (Consumer._live_leases): LIST the leases, reap the stale
+    """What a poll does first (queue.reaping.live_leases): LIST the leases, reap the stale
     ones if unchanged; returns the keys still held."""
     listing = yield List(PREFIX)
     held = set()

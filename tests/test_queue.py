@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import threading
 import time
 import uuid
@@ -33,8 +34,8 @@ from pawn_queue_sync import (
     layout,
     load_config,
 )
-from pawn_queue_sync.queue import registry
-from pawn_queue_sync.queue.consumer import _CONTENDED_WINDOW
+from pawn_queue_sync.queue import planning, registry
+from pawn_queue_sync.queue.planning import CONTENDED_WINDOW as _CONTENDED_WINDOW
 from pawn_queue_sync.queue.registry import stable_id
 from pawn_queue_sync.storage.base import Store
 from pawn_queue_sync.storage.factory import build_store
@@ -629,31 +630,34 @@ def test_setup_lifecycle_probe_removed_and_strategy_auto(backend: Backend) -> No
 def test_a_run_takes_at_most_its_share_of_scarce_candidates_and_rounds_again(
     tmp_path: Path,
 ) -> None:
-    """_run_of, the pick of a batch claim among peers: from the consumer's place on, in
-    id order; a share of scarce candidates (at least _MIN_SHARE); near the last id the
-    last ones, and then on from the first."""
+    """planning.choose, the pick of a batch claim among peers: from the consumer's place
+    on, in id order; a share of scarce candidates (at least MIN_SHARE); near the last
+    id the last ones, and then on from the first."""
     with PawnQueue.from_config({"local": {"path": str(tmp_path / "s")}, **CSPRNG}) as pq:
         pq.create_topic("t")
         consumer = pq.register_consumer("c", ["t"])
         consumer._peers, consumer._peers_at = (1, 3), pq.context.clock.monotonic()
+        state = consumer._objects.state("t")
         ids = sorted(str(uuid.UUID(int=i * 2**120)) for i in range(256))
         candidates = [(f"t/messages/{mid}.json", mid) for mid in ids]
 
         def run_of(n: int, want: int) -> list[str]:
-            return [mid for _, mid in consumer._run_of("t", candidates[:n], want)]
+            chosen = planning.choose(state, candidates[:n], want, runs=True,
+                                     peers=consumer._registered_peers, rng=random.Random())
+            return [mid for _, mid in chosen]
 
         third = str(uuid.UUID(int=2**128 // 3))  # rank 1 of 3: from a third of the ids on
         first = run_of(256, 20)
         assert first == [mid for mid in ids if mid > third][:20]
         assert run_of(256, 20) == [mid for mid in ids if mid > first[-1]][:20]  # on
-        consumer._cursor.clear()
+        state.cursor = None
         # 240 candidates among 3 peers: a share of 80, not all 128 wanted
         assert len(run_of(240, 128)) == 80
-        consumer._cursor.clear()
+        state.cursor = None
         # scarce: 30 candidates, all below our place: at least _MIN_SHARE of them, so
         # all 30
         assert run_of(30, 128) == ids[:30]
-        consumer._cursor["t"] = ids[-3]
+        state.cursor = ids[-3]
         assert run_of(256, 10) == ids[-10:]  # near the last id: the last ten
         assert run_of(256, 10) == ids[:10]  # then on from the first
         assert run_of(256, 10) == ids[10:20]
