@@ -12,6 +12,8 @@ code that blocks (scripts, process pools, Spark executors). No broker to deploy.
             msg.ack()
 """
 
+from typing import Any
+
 from .config import PawnQueueBuilder, PawnQueueConfig, load_config
 from .errors import (
     CaseCollision,
@@ -40,6 +42,7 @@ from .queue.consumer import Consumer
 from .queue.core import PawnQueue
 from .queue.message import Message
 from .queue.producer import Producer
+from .runtime import DrainResult, Listener, ListenOptions, drain
 
 __version__ = "0.1.0"
 
@@ -53,6 +56,12 @@ __all__ = [
     "Producer",
     "Consumer",
     "Message",
+    # running handlers
+    "Listener",
+    "ListenOptions",
+    "drain",
+    "DrainResult",
+    "WorkerPool",
     # errors
     "PawnQueueError",
     "NotStartedError",
@@ -77,3 +86,13 @@ __all__ = [
     "LeaseConflictError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``WorkerPool`` is imported on first use: publishing and consuming never need
+    the worker pool's multiprocessing and signal handling."""
+    if name == "WorkerPool":
+        from .workers import WorkerPool
+
+        return WorkerPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -97,7 +97,9 @@ class FakeClock:
     threads in :meth:`wait` or :meth:`sleep`, and only when nothing else can happen
     first, which is when
 
-    * no thread has called the clock for ``quiet_seconds`` of real time, and
+    * no thread has called the clock for ``quiet_seconds`` of real time, twice in a row
+      (the advancing thread pauses between the two looks, so a thread the OS had
+      preempted runs and calls the clock again first), and
     * every thread that has waited on the clock is waiting on it again (or has ended).
       A thread that left its wait ``hold_seconds`` of real time ago and has not come
       back is taken to be blocked on something else (a test's event, a lock) and no
@@ -124,6 +126,10 @@ class FakeClock:
         self._participants: dict[threading.Thread, float | None] = {}
         self._active_at = time.monotonic()
         self._advancer: threading.Thread | None = None
+        #: the last activity a look found quiet: a jump needs two looks in a row to find
+        #: the same quiet (a thread preempted by the OS between two clock calls looks
+        #: quiet to the first look; let run in between, it calls the clock again)
+        self._seen_quiet: float | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -220,6 +226,10 @@ class FakeClock:
         """(Under the lock.) Jump to the earliest deadline if nothing else can run; the
         waiters it made due."""
         if not self._waiters or real - self._active_at < self._quiet:
+            self._seen_quiet = None
+            return []
+        if self._seen_quiet != self._active_at:
+            self._seen_quiet = self._active_at  # quiet once: look again after a pause
             return []
         for thread, left_at in list(self._participants.items()):
             if not thread.is_alive():

@@ -1,6 +1,8 @@
 """Handlers that never return, and settlements that fail in unexpected ways.
 
-In-memory store: its hooks record which thread wrote each lease and inject failures.
+In-memory store on an auto-advancing FakeClock (pawn_queue_sync.testing): the
+timeouts, leases and idle waits below are virtual seconds. Its hooks record which
+thread wrote each lease and inject failures.
 A lease can be judged stale once the store's clock sees it older than the visibility
 timeout (3 s here, plus a 1 s grace): a lease no longer renewed is taken by another
 consumer a few seconds later. Ordering is arranged with events; ``wait_until`` only
@@ -15,10 +17,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pawn_queue_sync import Message, PawnQueue, load_config
+from pawn_queue_sync import Message, PawnQueue, testing
 from pawn_queue_sync.errors import LeaseLostError
 from pawn_queue_sync.runtime import DrainResult, Listener, drain
-from pawn_queue_sync.storage.memory import MemoryStore
 from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
@@ -39,9 +40,7 @@ LISTEN_LOG = "pawn_queue_sync.runtime.listen"
 
 
 def memory_queue(hooks: Callable[[str, str], None] | None = None) -> PawnQueue:
-    pq = PawnQueue(load_config({"polling": POLLING}), store=MemoryStore(hooks=hooks)).setup()
-    pq.create_topic(TOPIC)
-    return pq
+    return testing.memory_queue({"polling": POLLING}, topics=[TOPIC], hooks=hooks)
 
 
 def publish(pq: PawnQueue, n: int) -> list[str]:
@@ -143,7 +142,7 @@ def test_a_handler_past_its_timeout_loses_its_lease_and_its_late_ack_is_refused(
         other = pq.register_consumer("other", [TOPIC])
         taken: list[Message] = []
         wait_until(lambda: bool(taken.extend(other.poll(1)) or taken),
-                   "another consumer to take the abandoned message")
+                   "another consumer to take the abandoned message", clock=pq.context.clock)
         [again] = taken
         assert again.id == mid
         assert writes.renewals(msg.lease_key) == renewed  # not renewed since the timeout
@@ -300,7 +299,7 @@ def test_an_unexpected_ack_error_counts_the_message_lost_and_leaves_it_unrenewed
         other = pq.register_consumer("other", [TOPIC])
         taken: list[Message] = []
         wait_until(lambda: bool(taken.extend(other.poll(1)) or taken),
-                   "the unacked message to be redelivered")
+                   "the unacked message to be redelivered", clock=pq.context.clock)
         assert taken[0].id == mid
         taken[0].ack()
         assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}

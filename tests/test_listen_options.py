@@ -34,3 +34,33 @@ def test_listen_takes_the_documented_listener_options(tmp_path: Path) -> None:
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
         with pytest.raises(TypeError):
             consumer.listen(handle, no_such_option=1)
+
+
+def test_listen_takes_one_options_object_and_the_old_names_warn() -> None:
+    """``ListenOptions`` carries the same options as keywords (which win over it); the
+    names without ``_seconds`` still work, each with a DeprecationWarning naming the
+    new one; giving both names of one option is a TypeError."""
+    from pawn_queue_sync import Listener, ListenOptions, drain
+    from pawn_queue_sync.testing import memory_queue
+    from pawn_queue_sync.workers import WorkerPool
+
+    with memory_queue(topics=["orders"]) as pq:
+        ids = pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(4)])
+        consumer = pq.register_consumer("c", ["orders"])
+        seen: list[str] = []
+        options = ListenOptions(max_workers=2, max_messages=1, idle_timeout_seconds=0.5)
+        consumer.listen(lambda m: seen.append(m.id), options=options, max_messages=3)
+        assert len(seen) == 3
+        with pytest.warns(DeprecationWarning, match="'idle_timeout_seconds'"):
+            listener = Listener(consumer, lambda m: seen.append(m.id), idle_timeout=0.5)
+        assert listener.options.idle_timeout_seconds == 0.5
+        listener.run()
+        assert sorted(seen) == sorted(ids)
+        with pytest.warns(DeprecationWarning, match="'idle_timeout_seconds'"):
+            assert drain(consumer, lambda m: None, idle_timeout_s=0.2).processed == 0
+        with pytest.raises(TypeError, match="both"), pytest.warns(DeprecationWarning):
+            Listener(consumer, print, shutdown_timeout=1, shutdown_timeout_seconds=1)
+    with pytest.warns(DeprecationWarning, match="'restart_backoff_seconds'"):
+        pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                          restart_backoff=0.5)
+    assert pool._restart_backoff == 0.5

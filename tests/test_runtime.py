@@ -1,7 +1,10 @@
 """The consumer runtime: lease refresh, Listener, drain, WorkerPool, ``pawnq worker``.
 
-Against a real SeaweedFS (``real_s3``; each test on a fresh bucket) unless a test needs
-fault injection, which uses the in-memory store. Every delivery is counted per message
+Most tests run on the in-memory store with a virtual clock of its own
+(``pawn_queue_sync.testing.memory_queue``: a ``FakeClock(auto=True)``, so leases,
+backoffs and timeouts pass in virtual seconds); the listener under load, a stop under
+load, an idle listener's request count, and the worker processes run against a real
+SeaweedFS (``real_s3``; each test on a fresh bucket) as integration tests. Every delivery is counted per message
 id; ordering is arranged with events, never with sleeps (a sleep inside a handler only
 simulates slow work). Worker processes record deliveries in files
 (tests/runtime_handlers.py).
@@ -29,13 +32,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pawn_queue_sync import Message, PawnQueue, layout, load_config
+from pawn_queue_sync import Message, PawnQueue, layout, load_config, testing
 from pawn_queue_sync.cli import main as pawnq_main
 from pawn_queue_sync.cli.worker import main as worker_main
 from pawn_queue_sync.errors import StorageError
 from pawn_queue_sync.runtime import DrainResult, LeaseRefresher, Listener, drain
 from pawn_queue_sync.runtime import poller as poller_module
-from pawn_queue_sync.storage.memory import MemoryStore
 from pawn_queue_sync.workers import (
     RET_CONFIG,
     RET_CONNECT,
@@ -78,6 +80,19 @@ def open_queue(cfg: dict[str, Any]) -> PawnQueue:
     pq = PawnQueue(load_config(cfg)).setup()
     pq.create_topic(TOPIC)
     return pq
+
+
+def memory_queue(hooks: Callable[[str, str], None] | None = None,
+                 **polling: Any) -> PawnQueue:
+    """A started queue with TOPIC on the memory store and a virtual clock of its own
+    (``FakeClock(auto=True)``: leases, backoffs and idle timeouts in virtual time)."""
+    return testing.memory_queue({"polling": {**POLLING, **polling}}, topics=[TOPIC],
+                                hooks=hooks)
+
+
+def same_store(pq: PawnQueue) -> PawnQueue:
+    """A second queue (as another process would be) on ``pq``'s memory store and clock."""
+    return PawnQueue(pq.config, store=pq.store, clock=pq.context.clock).setup()
 
 
 def publish(pq: PawnQueue, n: int) -> list[str]:
@@ -149,10 +164,8 @@ def test_listen_8_threads_500_messages_each_processed_exactly_once(cfg: dict[str
     assert all_pawnq_threads() == []
 
 
-def test_handler_failing_twice_then_succeeding_is_retried_and_acked(
-    cfg: dict[str, Any],
-) -> None:
-    pq = open_queue(cfg)
+def test_handler_failing_twice_then_succeeding_is_retried_and_acked() -> None:
+    pq = memory_queue()
     try:
         publish(pq, 1)
         seen: list[tuple[int, str]] = []
@@ -180,8 +193,8 @@ def test_handler_failing_twice_then_succeeding_is_retried_and_acked(
         pq.close()
 
 
-def test_always_failing_handler_is_dead_lettered_with_the_error(cfg: dict[str, Any]) -> None:
-    pq = open_queue(cfg)
+def test_always_failing_handler_is_dead_lettered_with_the_error() -> None:
+    pq = memory_queue()
     try:
         [mid] = publish(pq, 1)
         counts: list[int] = []
@@ -207,12 +220,13 @@ def test_always_failing_handler_is_dead_lettered_with_the_error(cfg: dict[str, A
         pq.close()
 
 
-def test_handler_slower_than_visibility_keeps_its_lease_and_is_not_redelivered(
-    cfg: dict[str, Any],
-) -> None:
-    """The handler runs 6.5 s, past the 4 s after which an unrefreshed lease is stale;
-    a second consumer (own client) polls all along and must get nothing."""
-    pq_a, pq_b = open_queue(cfg), open_queue(cfg)
+def test_handler_slower_than_visibility_keeps_its_lease_and_is_not_redelivered() -> None:
+    """The handler runs 6.5 s (virtual), past the 4 s after which an unrefreshed lease
+    is stale; a second consumer (its own queue on the same store) polls every 0.5 s all
+    along and must get nothing."""
+    pq_a = memory_queue()
+    pq_b = same_store(pq_a)
+    clock = pq_a.context.clock
     try:
         publish(pq_a, 1)
         started, finished = threading.Event(), threading.Event()
@@ -220,7 +234,7 @@ def test_handler_slower_than_visibility_keeps_its_lease_and_is_not_redelivered(
 
         def slow(msg: Message) -> None:
             started.set()
-            time.sleep(6.5)  # simulated slow work
+            clock.sleep(6.5)  # simulated slow work
             states.append(msg.state)
             finished.set()
 
@@ -229,7 +243,10 @@ def test_handler_slower_than_visibility_keeps_its_lease_and_is_not_redelivered(
         assert started.wait(DEADLINE)
         rival = pq_b.register_consumer("b", [TOPIC])
         stolen: list[Message] = []
-        while not finished.wait(0.5):
+        deadline = time.monotonic() + DEADLINE
+        while not finished.is_set():
+            assert time.monotonic() < deadline, "the slow handler never finished"
+            clock.sleep(0.5)
             stolen += rival.poll()
         listener.stop()
         join(runner)
@@ -296,10 +313,10 @@ def test_stop_during_load_loses_nothing(
     assert all_pawnq_threads() == []
 
 
-def test_leased_context_manager_refreshes_during_long_pull_mode_work(
-    cfg: dict[str, Any],
-) -> None:
-    pq_a, pq_b = open_queue(cfg), open_queue(cfg)
+def test_leased_context_manager_refreshes_during_long_pull_mode_work() -> None:
+    pq_a = memory_queue()
+    pq_b = same_store(pq_a)
+    clock = pq_a.context.clock
     try:
         publish(pq_a, 1)
         consumer = pq_a.register_consumer("puller", [TOPIC])
@@ -308,9 +325,9 @@ def test_leased_context_manager_refreshes_during_long_pull_mode_work(
         stolen: list[Message] = []
         with consumer.leased(msg):
             assert [n for n in runtime_threads() if n.startswith("pawnq-refresher")]
-            deadline = time.monotonic() + 6.0  # long work: past the 4 s staleness
-            while time.monotonic() < deadline:
-                time.sleep(0.5)  # simulated work, with a rival polling in between
+            deadline = clock.monotonic() + 6.0  # long work: past the 4 s staleness
+            while clock.monotonic() < deadline:
+                clock.sleep(0.5)  # simulated work, with a rival polling in between
                 stolen += rival.poll()
         assert runtime_threads() == []  # the refresher thread is gone after the block
         assert stolen == []
@@ -488,12 +505,6 @@ def test_worker_pool_exit_statuses_at_startup(
 # -- in-memory store: fault injection and exact request counts -----------------------------
 
 
-def memory_queue(hooks: Callable[[str, str], None] | None = None,
-                 **polling: Any) -> PawnQueue:
-    pq = PawnQueue(load_config({"polling": {**POLLING, **polling}}),
-                   store=MemoryStore(hooks=hooks)).setup()
-    pq.create_topic(TOPIC)
-    return pq
 
 
 @pytest.fixture
