@@ -208,9 +208,40 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 # --------------------------------------------------------------------------- moto
 
 
+#: Serializes moto's conditional writes (see :func:`_make_moto_conditions_atomic`).
+_MOTO_CONDITIONS = threading.Lock()
+
+
+def _make_moto_conditions_atomic() -> None:
+    """moto checks ``If-None-Match``/``If-Match`` in ``S3Response.put_object`` and
+    ``delete_object`` and writes later without a lock, so two concurrent conditional
+    creates of one key can both succeed (seen under load: the capability probe then
+    refuses conditional_write). Real servers make the check and the write one step;
+    this makes moto's conditional requests one step too, by running them under one
+    lock. Unconditional requests are left concurrent."""
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response, "_pawnq_atomic", False):
+        return
+    for name in ("put_object", "delete_object"):
+        plain = getattr(S3Response, name)
+
+        def conditional(self: Any, _plain: Any = plain) -> Any:
+            if self.headers.get("If-None-Match") or self.headers.get("If-Match"):
+                with _MOTO_CONDITIONS:
+                    return _plain(self)
+            return _plain(self)
+
+        setattr(S3Response, name, conditional)
+    S3Response._pawnq_atomic = True  # type: ignore[attr-defined]
+
+
 def start_moto() -> S3Server:
-    """Start moto's S3 server in a thread of this process on a free loopback port."""
+    """Start moto's S3 server in a thread of this process on a free loopback port,
+    its conditional writes made atomic (:func:`_make_moto_conditions_atomic`)."""
     from moto.server import ThreadedMotoServer
+
+    _make_moto_conditions_atomic()
 
     # Port 0: the kernel picks a free port at bind time, so there is no race.
     # werkzeug logs every request on stderr at INFO; that only buries failure reports.

@@ -229,6 +229,49 @@ def test_moto_start_and_stop() -> None:
     assert not _port_open(server.endpoint_url)
 
 
+def test_moto_conditional_creates_race_with_one_winner(
+    moto_s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto checks If-None-Match, then writes, without a lock (two winners were seen
+    under load); tests.servers makes its conditional requests one step. The check is
+    slowed down here so that, without that lock, every racer would pass it."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from moto.s3.models import S3Backend
+
+    name = moto_s3.make_bucket()
+    s3 = moto_s3.client()
+    key = "race/one-winner"
+    plain = S3Backend.get_object
+
+    def slow_get_object(self: Any, bucket_name: str, key_name: str, *a: Any, **kw: Any) -> Any:
+        found = plain(self, bucket_name, key_name, *a, **kw)
+        if key_name == key:
+            time.sleep(0.05)  # widen the window between the check and the write
+        return found
+
+    monkeypatch.setattr(S3Backend, "get_object", slow_get_object)
+    racers = 6
+    barrier = threading.Barrier(racers)
+
+    def create(i: int) -> bool:
+        barrier.wait()
+        try:
+            s3.put_object(Bucket=name, Key=key, Body=f"racer {i}".encode(), IfNoneMatch="*")
+        except ClientError as exc:
+            assert _error(exc) == (412, "PreconditionFailed")
+            return False
+        return True
+
+    with ThreadPoolExecutor(racers) as pool:
+        won = [i for i, ok in enumerate(pool.map(create, range(racers))) if ok]
+    assert len(won) == 1, won
+    body = s3.get_object(Bucket=name, Key=key)["Body"].read()
+    assert body == f"racer {won[0]}".encode()
+
+
 # ------------------------------------------------------------------ interop
 
 

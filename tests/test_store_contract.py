@@ -63,7 +63,8 @@ NON_ATOMIC_CONDITIONS: dict[str, str] = {
     "moto": (
         "moto checks If-Match/If-None-Match in responses.put_object/delete_object and "
         "writes later without a lock: 2 winners seen in 1 of 150 16-thread If-Match "
-        "races with plain boto3"
+        "races with plain boto3 (tests.servers.start_moto now runs moto's conditional "
+        "requests under one lock, so a race here would test that lock, not a server)"
     ),
 }
 
