@@ -304,7 +304,7 @@ def test_an_unreadable_last_modified_is_a_storage_error_naming_the_key(
 
 def test_spark_settings_never_show_the_endpoints_userinfo() -> None:
     """What Spark writers and readers show (their reprs name the endpoint)."""
-    from pawn_queue_sync.spark._common import Settings
+    from pawn_queue_sync.spark.settings import Settings
 
     endpoint = f"http://user:{URL_PASSWORD}@127.0.0.1:9000"
     settings = Settings({"s3": {"endpoint_url": endpoint, "bucket_name": BUCKET}})

@@ -1,4 +1,5 @@
-"""pawn_queue_sync.spark against a real SeaweedFS, in one local[2] SparkSession.
+"""pawn_queue_sync.spark against a real SeaweedFS, in the session's one local SparkSession
+(the ``spark`` fixture of tests/conftest.py).
 
 Deliveries are counted per message id (handlers write one file per delivery into a
 temporary directory the local executors share), and topics are checked by listing.
@@ -31,50 +32,19 @@ from pawn_queue_sync.spark import (
     consume_to_dataframe,
     process_topic,
     publish_dataframe,
-    register,
     spark_options,
 )
-from pawn_queue_sync.spark._common import Settings
-from pawn_queue_sync.spark.datasource import (
-    PawnQueueDataSource,
-    QueueStreamReader,
-    QueueWriter,
-    _Published,
-)
+from pawn_queue_sync.spark.datasource import PawnQueueDataSource
+from pawn_queue_sync.spark.settings import Settings
+from pawn_queue_sync.spark.stream import QueueStreamReader
+from pawn_queue_sync.spark.writer import QueueWriter, _Published
 from tests.servers import LEAK_CHECK_ACCESS_KEY, LEAK_CHECK_SECRET_KEY, S3Server, config_dict
 
-pytestmark = pytest.mark.spark
+#: One JVM serves every Spark test: under pytest-xdist they run in one worker.
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 #: Fast polling: tests wait on idle timeouts, so keep every pause short.
 FAST_POLLING = {"interval_seconds": 0.2, "jitter_max_ms": 0, "max_delivery_count": 3}
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local[2] session for the module (started once: 7-16 s)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        mp.setenv("PYSPARK_PYTHON", sys.executable)  # workers need this venv
-        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("pawn-queue-sync-tests")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            .config("spark.sql.shuffle.partitions", "4")
-            .config("spark.default.parallelism", "4")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.python.worker.reuse", "true")
-            .getOrCreate()
-        )
-        session.sparkContext.setLogLevel("ERROR")
-        register(session)
-        try:
-            yield session
-        finally:
-            session.stop()
 
 
 @pytest.fixture

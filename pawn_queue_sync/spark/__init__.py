@@ -15,6 +15,12 @@ needs pyspark >= 4.2)::
 
 ``config`` is anything :func:`pawn_queue_sync.load_config` takes; only plain settings
 travel to the executors, which build one client per process. See ``docs/spark.md``.
+
+Modules: :mod:`.publish`, :mod:`.process` and :mod:`.consume` (DataFrames to topics and
+back); :mod:`.datasource` (the ``pawnqueue`` format) with :mod:`.snapshot`,
+:mod:`.writer`, :mod:`.stream` and :mod:`.options`; :mod:`.settings` (what travels to
+executors), :mod:`.queues` (one queue per process), :mod:`.rows` (conversions) and
+:mod:`.tasks` (how work is split between tasks).
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from typing import TYPE_CHECKING
 
-from ._common import executor_queue, spark_options
-from .dataframe import ProcessResult, consume_to_dataframe, process_topic, publish_dataframe
+from .consume import consume_to_dataframe
 from .datasource import NAME, PawnQueueDataSource
+from .process import ProcessResult, process_topic
+from .publish import publish_dataframe
+from .queues import executor_queue
+from .settings import spark_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
