@@ -13,19 +13,26 @@ Fixtures:
 * ``real_s3`` (session): always SeaweedFS, for semantics moto lacks (conditional copy, ...).
 * ``bucket`` / ``s3_config``: a fresh bucket on ``s3_server`` and the library config for it.
 * ``real_bucket`` / ``real_s3_config``: the same on ``real_s3``.
+* ``spark`` (session): one local SparkSession (one JVM) for every Spark test of the
+  session, docs/spark.md's examples included; ``spark_workdir`` is its working directory.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.seaweedfs import start_seaweedfs
 from tests.servers import S3Server, config_dict, start_moto
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: Environment variable prefixes removed for the whole test session.
 SCRUBBED_ENV_PREFIXES = ("PAWNQUEUE_", "AWS_")
@@ -121,3 +128,57 @@ def real_bucket(real_s3: S3Server) -> Iterator[str]:
 def real_s3_config(real_s3: S3Server, real_bucket: str) -> dict[str, Any]:
     """The library configuration dict for ``real_bucket`` on SeaweedFS."""
     return config_dict(real_s3, real_bucket)
+
+
+@pytest.fixture(scope="session")
+def spark_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The working directory of the Spark JVM and of its Python workers.
+
+    Relative paths in Spark calls resolve there (the JVM's, not this process's, current
+    directory), so a test that uses them (docs/spark.md's examples) runs in it.
+    """
+    return tmp_path_factory.mktemp("spark-workdir")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_workdir: Path) -> Iterator[SparkSession]:
+    """One local SparkSession for the whole session (one JVM start: 7-16 s idle, far
+    more under load), with the ``pawnqueue`` data source registered.
+
+    Tuned for tests: four task slots (so the idle timeouts of ``process_topic``'s four
+    tasks overlap instead of running in two waves), two shuffle partitions, no UI, a
+    JVM that starts fast (``TieredStopAtLevel=1``, serial GC), reused Python workers
+    (tests that check the other setting switch it per test).
+    """
+    from pyspark.sql import SparkSession
+
+    from pawn_queue_sync.spark import register
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+        mp.setenv("PYSPARK_PYTHON", sys.executable)  # workers need this venv
+        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+        here = os.getcwd()
+        os.chdir(spark_workdir)  # the JVM (and so every Python worker) starts here
+        try:
+            session = (
+                SparkSession.builder.master("local[4]")
+                .appName("pawn-queue-sync-tests")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+                .config("spark.sql.shuffle.partitions", "2")
+                .config("spark.default.parallelism", "2")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.python.worker.reuse", "true")
+                .getOrCreate()
+            )
+        finally:
+            os.chdir(here)
+        session.sparkContext.setLogLevel("ERROR")
+        register(session)
+        try:
+            yield session
+        finally:
+            session.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,8 @@ _BLOCK = re.compile(
     r"|^<!-- docs-test\n(?P<hidden>.*?)^-->",
     re.S | re.M,
 )
-#: Files whose Python blocks need Spark (a JVM, pyspark): they run with the spark extra.
+#: Files whose Python blocks need Spark (a JVM, pyspark): they run with the spark extra,
+#: in this process, on the session's SparkSession.
 _SPARK = {"docs/spark.md"}
 
 
@@ -107,12 +109,33 @@ def test_every_documented_file_is_run() -> None:
 _PARAMS = ["README.md", "docs/api.md", "docs/runtime.md", "docs/spark.md"]
 
 
-@pytest.mark.parametrize("doc", _PARAMS)
+def run_here(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``script`` in this process as ``__main__``, in its directory (for a file
+    whose examples need the session's SparkSession: ``getOrCreate()`` returns it)."""
+    monkeypatch.chdir(script.parent)
+    monkeypatch.syspath_prepend(str(script.parent))
+    for name in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP"):  # the examples set them: restore
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    runpy.run_path(str(script), run_name="__main__")
+
+
+@pytest.mark.parametrize("doc", [
+    pytest.param(doc, marks=pytest.mark.xdist_group("spark")) if doc in _SPARK else doc
+    for doc in _PARAMS
+])
 def test_examples_run_as_written(
-    doc: str, real_s3: S3Server, real_bucket: str, tmp_path: Path
+    doc: str, real_s3: S3Server, real_bucket: str, tmp_path: Path,
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Each file's script runs in a process of its own, except docs/spark.md's: it runs
+    in this one, on the session's SparkSession (one JVM for every Spark test), in the
+    JVM's working directory, where Spark resolves the examples' relative paths."""
     path = ROOT / doc
     assert any(not b.hidden for b in blocks_of(path)), f"{doc} has no Python example"
+    if doc in _SPARK:
+        request.getfixturevalue("spark")
+        tmp_path = request.getfixturevalue("spark_workdir")
     config: dict[str, Any] = config_dict(real_s3, real_bucket)
     for name in ("config.yaml", "pawnqueue.yaml"):
         (tmp_path / name).write_text(yaml.safe_dump(config))
@@ -121,10 +144,14 @@ def test_examples_run_as_written(
             (tmp_path / block.file).write_text(block.code)
     script = tmp_path / f"{path.stem}_examples.py"
     script.write_text(script_of(path))
+    if doc in _SPARK:
+        capsys.readouterr()
+        run_here(script, monkeypatch)
+        assert "DOCS-TEST OK" in capsys.readouterr().out, (
+            f"{doc}: the final hidden check did not run")
+        return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAWNQUEUE_", "AWS_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    if doc in _SPARK:
-        env["SPARK_LOCAL_IP"] = "127.0.0.1"
     proc = subprocess.run(
         [sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True,
         text=True, timeout=600,

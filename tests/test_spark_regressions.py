@@ -1,5 +1,5 @@
-"""Regressions of pawn_queue_sync.spark, on SeaweedFS with the local Spark session of
-tests/test_spark.py (its fixtures are imported from there)."""
+"""Regressions of pawn_queue_sync.spark, on SeaweedFS with the session's local Spark
+session (the ``spark`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from pyspark.sql import SparkSession
 from pawn_queue_sync import PawnQueue
 from pawn_queue_sync.spark import consume_to_dataframe
 from tests.servers import S3Server, config_dict
-from tests.test_spark import FAST_POLLING, make_topic, spark, stats
+from tests.test_spark import FAST_POLLING, make_topic, stats
 
-__all__ = ["spark"]  # the session fixture, shared with tests/test_spark.py
-
-pytestmark = pytest.mark.spark
+#: One JVM serves every Spark test: under pytest-xdist they run in one worker.
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 
 def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
