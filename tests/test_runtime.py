@@ -6,8 +6,8 @@ backoffs and timeouts pass in virtual seconds); the listener under load, a stop 
 load, an idle listener's request count, and the worker processes run against a real
 SeaweedFS (``real_s3``; each test on a fresh bucket) as integration tests. Every
 delivery is counted per message id; ordering is arranged with events, never with
-sleeps (a sleep inside a handler, on the clock, only simulates slow work). Worker processes record deliveries in files
-(tests/runtime_handlers.py).
+sleeps (a sleep inside a handler, on the clock, only simulates slow work). Worker
+processes record deliveries in files (tests/runtime_handlers.py).
 
 Timing facts used below: a lease is stale when the server's clock is more than
 ``visibility_timeout + 1 s`` (the grace for the 1-second resolution of LastModified)
