@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -293,10 +292,10 @@ class Consumer:
         listeners = self._running()
         for listener in listeners:
             listener.stop()
-        # threads are joined in real time, whatever clock the queue reads
-        ends = None if timeout is None else time.monotonic() + timeout
+        clock = self._ctx.clock  # as Listener.join measures its timeout
+        ends = None if timeout is None else clock.monotonic() + timeout
         return all([
-            bool(listener.join(None if ends is None else max(0.0, ends - time.monotonic())))
+            bool(listener.join(None if ends is None else max(0.0, ends - clock.monotonic())))
             for listener in listeners
         ])
 
