@@ -35,6 +35,7 @@ from pawn_queue_sync.spark import (
     spark_options,
 )
 from pawn_queue_sync.spark.datasource import PawnQueueDataSource
+from pawn_queue_sync.spark.queues import PerProcess
 from pawn_queue_sync.spark.settings import Settings
 from pawn_queue_sync.spark.stream import QueueStreamReader
 from pawn_queue_sync.spark.writer import QueueWriter, _Published
@@ -512,6 +513,38 @@ def test_credentials_never_appear_in_plans_or_reprs(
     with pytest.raises(ConfigError, match="did you mean 'numPartitions'") as err:
         PawnQueueDataSource({"topic": "sec", "numPartition": secret}).reader(source.schema())
     assert secret not in str(err.value)
+
+
+# -- one client per process ----------------------------------------------------------------
+
+
+def test_per_process_builds_once_per_settings_and_anew_in_a_forked_child(
+    tmp_path: Path,
+) -> None:
+    """What queue_for and store_for keep: one object per (process, settings), reused;
+    a forked child (a Python worker forked by Spark's daemon) builds its own."""
+    built: list[tuple[int, str]] = []
+
+    def build(settings: Settings) -> object:
+        built.append((os.getpid(), settings.describe()))
+        return object()
+
+    cache: PerProcess[object] = PerProcess(build)
+    one = Settings({"local": {"path": str(tmp_path / "one")}})
+    two = Settings({"local": {"path": str(tmp_path / "two")}})
+    first = cache.get(one)
+    assert cache.get(one) is first and cache.get(two) is not first
+    assert len(built) == 2
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a new object, built here
+        fresh = cache.get(one)
+        os.write(write, b"1" if fresh is not first and built[-1][0] == os.getpid() else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert os.read(read, 1) == b"1"
+    assert cache.get(one) is first and len(built) == 2  # the parent's is untouched
 
 
 # -- worker reuse -------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 from .. import layout
 from ..encoding import canonical_json
@@ -26,8 +27,30 @@ from .settings import ConfigSource, Settings
 
 __all__ = ["executor_queue", "queue_for", "queue_for_driver", "require_topic", "store_for"]
 
-_queues: dict[tuple[int, str], PawnQueue] = {}
-_queues_lock = threading.Lock()
+T = TypeVar("T")
+
+
+class PerProcess(Generic[T]):
+    """One ``T`` per (process, settings), built on first use by ``build``: keyed by
+    ``os.getpid()`` so a forked child never uses its parent's clients."""
+
+    def __init__(self, build: Callable[[Settings], T]) -> None:
+        self._build = build
+        self._items: dict[tuple[int, str], T] = {}
+        self._lock = threading.Lock()
+
+    def get(self, settings: Settings) -> T:
+        key = (os.getpid(), settings.fingerprint)
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                for stale in [k for k in self._items if k[0] != key[0]]:
+                    del self._items[stale]  # inherited across a fork: never used here
+                item = self._items[key] = self._build(settings)
+            return item
+
+
+_queues: PerProcess[PawnQueue] = PerProcess(lambda s: PawnQueue(s.config()).setup())
 
 
 def queue_for(settings: Settings) -> PawnQueue:
@@ -37,15 +60,7 @@ def queue_for(settings: Settings) -> PawnQueue:
     and capability probe once; its thread pools are idle between tasks, so nothing is
     lost when a non-reused worker exits.
     """
-    key = (os.getpid(), settings.fingerprint)
-    with _queues_lock:
-        pq = _queues.get(key)
-        if pq is None:
-            for stale in [k for k in _queues if k[0] != key[0]]:
-                del _queues[stale]  # inherited across a fork: never used here
-            pq = PawnQueue(settings.config()).setup()
-            _queues[key] = pq
-        return pq
+    return _queues.get(settings)
 
 
 _settings_cache: dict[str, Settings] = {}
@@ -76,22 +91,13 @@ def queue_for_driver(settings: Settings) -> Iterator[PawnQueue]:
         yield pq
 
 
-_stores: dict[tuple[int, str], Store] = {}
-_stores_lock = threading.Lock()
+_stores: PerProcess[Store] = PerProcess(lambda s: build_store(s.config()))
 
 
 def store_for(settings: Settings) -> Store:
     """A store of this process for ``settings``: no capability probe, so a snapshot
     read works with read-only credentials."""
-    key = (os.getpid(), settings.fingerprint)
-    with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            for stale in [k for k in _stores if k[0] != key[0]]:
-                del _stores[stale]
-            store = build_store(settings.config())
-            _stores[key] = store
-        return store
+    return _stores.get(settings)
 
 
 def require_topic(store: Store, topic: str) -> None:
