@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pawn_queue_sync import PawnQueue
+from pawn_queue_sync.protocol.lease import STALE_GRACE_SECONDS
 from pawn_queue_sync.spark import consume_to_dataframe
 from tests.servers import S3Server, config_dict
 from tests.test_spark import FAST_POLLING, make_topic, stats
@@ -35,14 +36,23 @@ def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
 
     def slow_sink(df: Any) -> None:
         seen_rows.append(df.count())
-        # Another consumer polls for three visibility timeouts while the sink works.
+        # Another consumer polls while the sink works, until every lease claimed before
+        # the sink started would be stale by the server's clock had nothing renewed it
+        # (a second of slack for its one-second timestamps), then once more.
         with PawnQueue.from_config(cfg) as pq:
             other = pq.register_consumer("other", ["slow-sink"])
-            until = time.monotonic() + 3 * visibility
-            while time.monotonic() < until:
+            started = pq.store.server_time()
+            assert started is not None
+            stale_after = visibility + STALE_GRACE_SECONDS + 1.0
+            while True:
                 got = other.poll(30)
                 stolen.extend(m.id for m in got)  # never acked: the driver's to settle
+                now = pq.store.server_time()
+                assert now is not None
+                if (now - started).total_seconds() > stale_after:
+                    break
                 time.sleep(0.2)
+            stolen.extend(m.id for m in other.poll(30))
 
     df = consume_to_dataframe(spark, "slow-sink", cfg, max_messages=30, partitions=2,
                               idle_timeout_s=0.5, before_ack=slow_sink)
