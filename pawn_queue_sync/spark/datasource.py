@@ -37,7 +37,16 @@ from .snapshot import SnapshotReader
 from .stream import DEFAULT_MAX_PER_BATCH, HAS_READ_LIMITS, QueueStreamReader
 from .writer import QueueWriter
 
-__all__ = ["NAME", "SECTIONS", "PawnQueueDataSource"]
+#: The readers and the writer stay importable from here, as before they had modules
+#: of their own.
+__all__ = [
+    "NAME",
+    "SECTIONS",
+    "PawnQueueDataSource",
+    "QueueStreamReader",
+    "QueueWriter",
+    "SnapshotReader",
+]
 
 #: The format name: ``spark.read.format(NAME)``.
 NAME = "pawnqueue"
