@@ -128,6 +128,7 @@ def recorder_on_80() -> Iterator[Recorder]:
     rec.close()
 
 
+@pytest.mark.xdist_group("port-80")  # one listener on port 80 at a time
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:80", "http://LOCALHOST:80/"])
 def test_fast_path_signs_the_host_without_the_default_port(
     recorder_on_80: Recorder, endpoint: str
