@@ -12,6 +12,7 @@ milliseconds and sees the same orderings.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -174,9 +175,14 @@ class FakeClock:
         me = threading.current_thread()
         with self._lock:
             self._active_at = time.monotonic()
-            deadline = float("inf") if timeout is None else self._t + max(timeout, 0.0)
-            if deadline <= self._t:
+            if timeout is not None and timeout <= 0:
                 return False
+            # A timeout too small to move the clock (t + timeout == t in floating point)
+            # still waits for the next instant: returning at once would have a caller
+            # that waits for its deadline spin, and time never move (it moves only
+            # when every waiter waits).
+            deadline = (float("inf") if timeout is None
+                        else max(self._t + timeout, math.nextafter(self._t, math.inf)))
             waiter = _Waiter(cond, deadline)
             self._waiters.add(waiter)
             self._participants[me] = None

@@ -157,3 +157,25 @@ def test_the_package_root_exports_the_runtime_and_imports_the_pool_lazily() -> N
     subprocess.run([sys.executable, "-c", code], check=True, timeout=DEADLINE)
     with pytest.raises(AttributeError):
         pawn_queue_sync.NoSuchThing  # noqa: B018
+
+
+def test_a_timeout_below_the_clocks_resolution_still_waits_for_time_to_move() -> None:
+    """At t = 12.3 a wait of 1e-16 s cannot move the clock (12.3 + 1e-16 == 12.3 in
+    floating point). It used to return at once, so a listener's poll loop, left with
+    such a remainder of its idle timeout, polled in a loop (calling the clock, so
+    time never moved): drain() never returned. It must wait for the next instant."""
+    clock = FakeClock()
+    clock.advance(12.3)
+    cond = threading.Condition()
+    result: list[bool] = []
+
+    def waiter() -> None:
+        with cond:
+            result.append(clock.wait(cond, 1e-16))
+
+    runner = run_in_thread(waiter)
+    time.sleep(0.05)
+    assert result == []  # waiting, not returned at once
+    clock.advance(1e-9)
+    join(runner, DEADLINE)
+    assert result == [False]
