@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.seaweedfs import start_seaweedfs
 from tests.servers import S3Server, config_dict, start_moto
@@ -36,6 +37,14 @@ if TYPE_CHECKING:
 
 #: Environment variable prefixes removed for the whole test session.
 SCRUBBED_ENV_PREFIXES = ("PAWNQUEUE_", "AWS_")
+
+# Tests assert behaviour, never timings: hypothesis's timing checks (a slow example, slow
+# input generation) only measure how busy the machine is (four xdist workers on two
+# cores). Tests that set their own settings still inherit these.
+settings.register_profile(
+    "pawnq", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("pawnq")
 
 _SERVER_FIXTURES = {"seaweedfs": "seaweedfs", "moto": "moto_s3"}
 
