@@ -64,3 +64,30 @@ def test_listen_takes_one_options_object_and_the_old_names_warn() -> None:
         pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
                           restart_backoff=0.5)
     assert pool._restart_backoff == 0.5
+
+
+@pytest.mark.parametrize("as_keyword", [False, True])
+def test_listen_keeps_the_max_workers_of_its_options_object(as_keyword: bool) -> None:
+    """``Consumer.listen(handler, ListenOptions(max_workers=2, ...))`` runs a listener
+    with those options: it once passed ``max_workers=4`` along with every options
+    object, which won over the object's own ``max_workers`` (and took no positional
+    options at all)."""
+    from pawn_queue_sync import ListenOptions
+    from pawn_queue_sync.testing import memory_queue
+
+    with memory_queue(topics=["orders"]) as pq:
+        pq.register_producer("p").publish_batch("orders", [{"n": i} for i in range(3)])
+        consumer = pq.register_consumer("c", ["orders"])
+        seen: list[ListenOptions] = []
+        options = ListenOptions(max_workers=2, max_messages=3, idle_timeout_seconds=1.0)
+
+        def handle(msg: Message) -> None:
+            seen.extend(listener.options for listener in consumer._running())
+
+        if as_keyword:
+            consumer.listen(handle, options=options)
+        else:
+            consumer.listen(handle, options)
+        assert seen == [options] * 3
+        assert {o.max_workers for o in seen} == {2}
+

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import LeaseLostError, StorageError
 from ..runtime.listen import Listener
+from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
 from . import registry
 from .claimant import Claimant
@@ -249,7 +250,7 @@ class Consumer:
         """Keep ``msg``'s lease refreshed while the block runs (for long work in pull
         mode); the refresher thread is stopped and joined when the block ends."""
         interval = self._ctx.config.polling.lease_refresh_interval_seconds
-        refresher = LeaseRefresher(self, interval=interval)
+        refresher = LeaseRefresher(self, interval)
         refresher.track(msg)
         refresher.start()
         try:
@@ -260,19 +261,24 @@ class Consumer:
     def listen(
         self,
         handler: Callable[[Message], Any],
+        options: ListenOptions | None = None,
         *,
-        max_workers: int = 4,
         stop_event: threading.Event | None = None,
-        **options: Any,
+        **kwargs: Any,
     ) -> None:
         """Block, handing each message to ``handler`` on a thread pool, until
-        :meth:`stop`, ``stop_event`` or an error. ``options`` are the
-        :class:`~pawn_queue_sync.runtime.listen.Listener`'s (``shutdown_timeout``,
-        ``max_messages``, ``idle_timeout``, ``install_signal_handlers``, ...); an
-        unknown one is a TypeError. See :mod:`pawn_queue_sync.runtime`."""
-        listener = Listener(
-            self, handler, max_workers=max_workers, stop_event=stop_event, **options
-        )
+        :meth:`stop`, ``stop_event`` or an error.
+
+        ``options`` (a :class:`~pawn_queue_sync.runtime.ListenOptions`) and/or its
+        fields as keywords, which win over it: ``max_workers`` (default 4),
+        ``max_messages``, ``idle_timeout_seconds``, ``shutdown_timeout_seconds``,
+        ``handler_timeout_seconds``, ``install_signal_handlers``, ...; every duration
+        in seconds. The older names without ``_seconds`` (``idle_timeout``,
+        ``shutdown_timeout``, ...) are deprecated aliases (a DeprecationWarning); an
+        unknown name is a TypeError. Runs a
+        :class:`~pawn_queue_sync.runtime.Listener`: see :mod:`pawn_queue_sync.runtime`."""
+        opts = resolve_options(options, kwargs)  # here, so a warning names the caller
+        listener = Listener(self, handler, opts, stop_event=stop_event)
         with self._lock:
             self._listeners.add(listener)
         try:
