@@ -107,7 +107,7 @@ def run_pipeline(
 
     # 2. validation in the executors (bad orders: retried, then dead-lettered)
     checked: ProcessResult = process_topic(
-        spark, ORDERS, make_validator(config), config, partitions=4, idle_timeout_s=2.0
+        spark, ORDERS, make_validator(config), config, partitions=4, idle_timeout_seconds=2.0
     )
 
     # 3. streaming: topic -> Parquet, exactly once through the checkpoint

@@ -130,7 +130,7 @@ def test_120_held_leases_on_a_slow_store_are_each_renewed_before_they_could_go_s
         consumer, msgs = claim(pq, 120)
         keys = [m.lease_key for m in msgs]
         writes.slow.set()
-        refresher = LeaseRefresher(consumer, interval=1.0)
+        refresher = LeaseRefresher(consumer, interval_seconds=1.0)
         for msg in msgs:
             refresher.track(msg)
         with refresher:
@@ -156,7 +156,7 @@ def test_a_refresher_that_falls_behind_says_so(caplog: pytest.LogCaptureFixture)
         consumer, msgs = claim(pq, 30)
         keys = [m.lease_key for m in msgs]
         writes.slow.set()
-        refresher = LeaseRefresher(consumer, interval=1.0)
+        refresher = LeaseRefresher(consumer, interval_seconds=1.0)
         for msg in msgs:
             refresher.track(msg)
         with caplog.at_level(logging.WARNING, logger="pawn_queue_sync.runtime.refresher"), \
@@ -189,7 +189,7 @@ def test_due_leases_are_renewed_closest_to_expiry_first() -> None:
         ages = [1.6, 1.1, 2.4, 1.3, 2.0, 1.5, 2.2, 1.2]  # all past the 1 s interval
         for msg, age in zip(msgs, ages, strict=True):
             msg.lease_written_at = now - age
-        refresher = LeaseRefresher(consumer, interval=1.0, threads=1)
+        refresher = LeaseRefresher(consumer, interval_seconds=1.0, threads=1)
         for msg in msgs:
             refresher.track(msg)
         watching.set()
@@ -253,7 +253,7 @@ def test_a_lease_whose_ack_is_under_way_is_looked_at_again_later_not_in_a_loop(
     consumer.refresh = counting_refresh  # type: ignore[method-assign]
     msg._settling = True  # an ack of it is under way (as ack_many marks it)
     msg.lease_written_at -= 2.0  # due now
-    refresher = LeaseRefresher(consumer, interval=1.0)
+    refresher = LeaseRefresher(consumer, interval_seconds=1.0)
     refresher.track(msg)
     with refresher:
         assert first.wait(DEADLINE)

@@ -762,7 +762,7 @@ def test_refresher_marks_a_lost_lease_and_stops_tracking_it(mem_queue: PawnQueue
     [msg] = consumer.poll()
     mem_queue.store.delete(msg.lease_key)  # as if it had gone stale and been reaped
     lost = threading.Event()
-    refresher = LeaseRefresher(consumer, interval=0.05, on_lost=lambda m: lost.set())
+    refresher = LeaseRefresher(consumer, interval_seconds=0.05, on_lost=lambda m: lost.set())
     refresher.track(msg)
     with refresher:
         assert lost.wait(DEADLINE)

@@ -168,7 +168,7 @@ def test_process_topic_handles_each_message_once(
             f.write(json.dumps(msg.payload))
 
     started = datetime.now()
-    result = process_topic(spark, "work", handler, cfg, partitions=4, idle_timeout_s=1.0)
+    result = process_topic(spark, "work", handler, cfg, partitions=4, idle_timeout_seconds=1.0)
     elapsed = (datetime.now() - started).total_seconds()
     sys.stderr.write(f"\nprocess_topic: {result} in {elapsed:.1f} s "
                      f"({2000 / elapsed:.0f} msg/s)\n")
@@ -192,7 +192,7 @@ def test_process_topic_retries_then_dead_letters_failures(
         if msg.payload["i"] % 10 == 0:
             raise ValueError(f"cannot handle {msg.payload['i']}")
 
-    result = process_topic(spark, "flaky", handler, cfg, partitions=2, idle_timeout_s=1.0)
+    result = process_topic(spark, "flaky", handler, cfg, partitions=2, idle_timeout_seconds=1.0)
     # 6 failing messages x 3 deliveries (max_delivery_count): 2 retries, then dead letter
     assert result == ProcessResult(processed=54, failed=12, dead_lettered=6)
     assert sorted(deliveries(tmp_path).values()) == [1] * 54 + [3] * 6
@@ -225,7 +225,7 @@ def test_process_topic_tasks_register_consumers_of_their_own(
         with open(os.path.join(out, f"{msg.id}.{uuid.uuid4().hex}"), "w") as f:
             f.write(f"{part} {consumer.name} {consumer.id}")
 
-    result = process_topic(spark, "named", handler, cfg, partitions=2, idle_timeout_s=1.0,
+    result = process_topic(spark, "named", handler, cfg, partitions=2, idle_timeout_seconds=1.0,
                            consumer_name="tasks")
     assert result == ProcessResult(processed=200, failed=0, dead_lettered=0)
     seen = {tuple((tmp_path / name).read_text().split()) for name in os.listdir(tmp_path)}
@@ -268,6 +268,19 @@ def test_consume_to_dataframe_acks_after_handover(
     assert stats(cfg, "c2df") == {"pending": 20, "leased": 0, "dead_letter": 0}
     left = {p["i"] for p in pending_payloads(cfg, "c2df")}
     assert left.isdisjoint(json.loads(r.payload)["i"] for r in rows)
+
+
+def test_consume_to_dataframe_old_idle_timeout_name_warns(
+    spark: SparkSession, cfg: dict[str, Any]
+) -> None:
+    """``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds``: it still
+    works (the call returns once the topic is idle), with a DeprecationWarning."""
+    make_topic(cfg, "c2df-old", [{"i": i} for i in range(3)])
+    with pytest.warns(DeprecationWarning, match="'idle_timeout_seconds'"):
+        df = consume_to_dataframe(spark, "c2df-old", cfg, max_messages=None,
+                                  idle_timeout_s=0.5)
+    assert sorted(json.loads(r.payload)["i"] for r in df.collect()) == [0, 1, 2]
+    assert stats(cfg, "c2df-old") == {"pending": 0, "leased": 0, "dead_letter": 0}
 
 
 # -- the data source: batch ----------------------------------------------------------------------
@@ -572,7 +585,7 @@ def test_publish_and_process_with_and_without_worker_reuse(
         df = spark.range(200).selectExpr("id AS n").repartition(4)
         assert publish_dataframe(df, "reuse", cfg, batch_size=50, threads=8) == 200
         assert stats(cfg, "reuse")["pending"] == 200
-        result = process_topic(spark, "reuse", handler, cfg, partitions=2, idle_timeout_s=0.5)
+        result = process_topic(spark, "reuse", handler, cfg, partitions=2, idle_timeout_seconds=0.5)
     assert result == ProcessResult(200, 0, 0)
     assert sorted(deliveries(tmp_path).values()) == [1] * 200
     assert stats(cfg, "reuse") == {"pending": 0, "leased": 0, "dead_letter": 0}

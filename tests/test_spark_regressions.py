@@ -55,7 +55,7 @@ def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
             stolen.extend(m.id for m in other.poll(30))
 
     df = consume_to_dataframe(spark, "slow-sink", cfg, max_messages=30, partitions=2,
-                              idle_timeout_s=0.5, before_ack=slow_sink)
+                              idle_timeout_seconds=0.5, before_ack=slow_sink)
     assert seen_rows == [30]
     assert stolen == []
     assert len({r.id for r in df.collect()}) == 30

@@ -9,10 +9,10 @@ signals. It never starts an event loop.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import NamedTuple
 
 from .listen import Listener
+from .options import warn_renamed
 from .ports import ConsumerPort, Handler
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ def drain(
     the partition function returns.
     """
     if idle_timeout_s is not None:
-        warnings.warn("'idle_timeout_s' is deprecated; use 'idle_timeout_seconds'",
-                      DeprecationWarning, stacklevel=2)
+        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
         idle_timeout_seconds = idle_timeout_s
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads!r}")

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 __all__ = ["ListenOptions", "DEPRECATED_ALIASES", "resolve_options", "option_names",
-           "renamed"]
+           "renamed", "warn_renamed"]
 
 #: Old keyword -> its ``*_seconds`` name (accepted with a DeprecationWarning).
 DEPRECATED_ALIASES: Mapping[str, str] = {
@@ -79,6 +79,14 @@ def option_names() -> frozenset[str]:
     return frozenset(a.name for a in attrs.fields(ListenOptions)) | set(DEPRECATED_ALIASES)
 
 
+def warn_renamed(old: str, new: str, *, stacklevel: int = 2) -> None:
+    """Warn (DeprecationWarning) that the name ``old`` is deprecated for ``new``: the one
+    message every deprecated ``*_seconds`` alias gives. ``stacklevel`` as
+    ``warnings.warn``'s, counted from the function calling this one (2: its caller)."""
+    warnings.warn(f"{old!r} is deprecated; use {new!r}", DeprecationWarning,
+                  stacklevel=stacklevel + 1)
+
+
 def renamed(given: Mapping[str, Any], aliases: Mapping[str, str], *,
             stacklevel: int = 3) -> dict[str, Any]:
     """``given`` with each deprecated name of ``aliases`` replaced by its new one (each
@@ -87,8 +95,7 @@ def renamed(given: Mapping[str, Any], aliases: Mapping[str, str], *,
     for key, value in given.items():
         new = aliases.get(key)
         if new is not None:
-            warnings.warn(f"{key!r} is deprecated; use {new!r}", DeprecationWarning,
-                          stacklevel=stacklevel)
+            warn_renamed(key, new, stacklevel=stacklevel)
             if new in given:
                 raise TypeError(f"both {key!r} and {new!r} given")
             key = new

@@ -1,9 +1,9 @@
 """Keep leases alive while their messages are being worked on.
 
-A refresher renews every tracked lease once its current version is ``interval``
-seconds old, so a handler slower than the visibility timeout keeps its message and
+A refresher renews every tracked lease once its current version is
+``interval_seconds`` old, so a handler slower than the visibility timeout keeps its message and
 nobody else receives it meanwhile. A lease is renewed only when it is due: a message
-settled within ``interval`` costs no refresh request.
+settled within that interval costs no refresh request.
 
 Renewals run on up to ``threads`` threads (``polling.claim_threads`` by default),
 started as leases are tracked, and the due lease closest to expiry goes first. One
@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..errors import LeaseLostError, PawnQueueError
+from .options import renamed
 from .ports import ConsumerPort
 
 #: a claimed message (see :class:`~.ports.MessagePort`)
@@ -47,7 +48,7 @@ _Outcome = Literal["renewed", "skipped", "lost", "settled", "error"]
 
 
 class LeaseRefresher:
-    """Renews the leases of tracked messages every ``interval`` seconds, on up to
+    """Renews the leases of tracked messages every ``interval_seconds``, on up to
     ``threads`` threads (default ``polling.claim_threads``), closest to expiry first.
 
     ``on_lost(msg)`` (optional) is called on a refresher thread when a lease was found
@@ -58,14 +59,18 @@ class LeaseRefresher:
     def __init__(
         self,
         consumer: ConsumerPort,
-        interval: float,
+        interval_seconds: float | None = None,
         *,
         name: str | None = None,
         on_lost: Callable[[Message], None] | None = None,
         threads: int | None = None,
+        **deprecated: float,
     ) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be > 0, got {interval!r}")
+        """``interval_seconds``: renew a lease once it is this old (``interval=`` is
+        its deprecated alias)."""
+        interval = _interval_seconds(interval_seconds, deprecated)
+        if not interval > 0:
+            raise ValueError(f"interval_seconds must be > 0, got {interval!r}")
         ctx = consumer.context
         if threads is None:
             threads = ctx.config.polling.claim_threads
@@ -313,6 +318,20 @@ class LeaseRefresher:
                     self._on_lost(msg)
                 except Exception:
                     log.exception("on_lost callback failed for %s", msg.id)
+
+
+def _interval_seconds(given: float | None, deprecated: dict[str, float]) -> float:
+    """``interval_seconds``, or its deprecated alias ``interval`` (which warns)."""
+    unknown = sorted(set(deprecated) - {"interval"})
+    if unknown:
+        raise TypeError(f"LeaseRefresher() got an unexpected keyword argument "
+                        f"{unknown[0]!r}")
+    if given is not None:
+        deprecated = {**deprecated, "interval_seconds": given}
+    names = renamed(deprecated, {"interval": "interval_seconds"}, stacklevel=4)
+    if "interval_seconds" not in names:
+        raise TypeError("LeaseRefresher() missing required argument 'interval_seconds'")
+    return names["interval_seconds"]
 
 
 def _late_after(interval: float, visibility: float, fence: float) -> float:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLostError
 from ..queue.message import Message
+from ..runtime.options import warn_renamed
 from ..runtime.refresher import LeaseRefresher
 from .queues import queue_for, queue_for_driver
 from .rows import MESSAGE_COLUMNS, parse_time, payload_text
@@ -34,16 +35,17 @@ def consume_to_dataframe(
     *,
     max_messages: int | None = 10_000,
     partitions: int = 2,
-    idle_timeout_s: float = 1.0,
+    idle_timeout_seconds: float = 1.0,
     before_ack: Callable[[DataFrame], Any] | None = None,
     consumer_name: str = "spark-consume-to-dataframe",
     max_claim_seconds: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> DataFrame:
     """Take up to ``max_messages`` messages off ``topic`` into a DataFrame of
     ``(id, topic, producer_id, created_at, payload)`` (payload as JSON text).
 
     ``partitions`` tasks claim messages under leases (no ack) until the topic is idle
-    for ``idle_timeout_s``, their share of ``max_messages`` is claimed or
+    for ``idle_timeout_seconds``, their share of ``max_messages`` is claimed or
     ``max_claim_seconds`` (default: half the visibility timeout) have passed, and
     return them to the driver. The driver builds the DataFrame from those rows (it is never
     recomputed from the queue), calls ``before_ack(df)`` if given (e.g. write it
@@ -53,7 +55,13 @@ def consume_to_dataframe(
     ``before_ack`` raises, the messages are not acked: they reappear once their lease
     expires or is released (at-least-once). Without ``before_ack`` the messages leave
     the queue when this function returns, so persist the DataFrame.
+
+    ``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds`` (a
+    DeprecationWarning).
     """
+    if idle_timeout_s is not None:
+        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
+        idle_timeout_seconds = idle_timeout_s
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
     check_task_names(consumer_name, partitions)
@@ -67,7 +75,7 @@ def consume_to_dataframe(
         def claim(index: int, _: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
             yield from _claim_rows(settings, topic, task_consumer_name(consumer_name, index),
                                    share(max_messages, partitions, index),
-                                   idle_timeout_s, budget)
+                                   idle_timeout_seconds, budget)
 
         rdd = spark.sparkContext.parallelize(range(partitions), partitions)
         claimed = rdd.mapPartitionsWithIndex(claim).collect()
@@ -116,10 +124,10 @@ def _claim_rows(
     topic: str,
     consumer_name: str,
     limit: int | None,
-    idle_timeout_s: float,
-    claim_budget_s: float,
+    idle_timeout_seconds: float,
+    claim_budget_seconds: float,
 ) -> Iterator[tuple[Any, ...]]:
-    """Claim messages (leases only) until idle, ``limit`` or ``claim_budget_s``; yield
+    """Claim messages (leases only) until idle, ``limit`` or ``claim_budget_seconds``; yield
     each as (id, topic, producer_id, created_at, payload, key, lease_key, token)."""
     pq = queue_for(settings)
     consumer = pq.register_consumer(consumer_name, [topic])
@@ -129,16 +137,16 @@ def _claim_rows(
     started = time.monotonic()
     idle_since: float | None = None
     while limit is None or got < limit:
-        if time.monotonic() - started > claim_budget_s:
+        if time.monotonic() - started > claim_budget_seconds:
             break  # keep every lease well inside its visibility timeout
         want = per_poll if limit is None else min(per_poll, limit - got)
         msgs = consumer.poll(want)
         if not msgs:
             now = time.monotonic()
             idle_since = idle_since or now
-            if now - idle_since >= idle_timeout_s:
+            if now - idle_since >= idle_timeout_seconds:
                 break
-            time.sleep(min(interval, max(idle_timeout_s - (now - idle_since), 0.0)))
+            time.sleep(min(interval, max(idle_timeout_seconds - (now - idle_since), 0.0)))
             continue
         idle_since = None
         for m in msgs:

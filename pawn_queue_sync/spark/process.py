@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..queue.message import Message
 from ..runtime.drain import drain
+from ..runtime.options import warn_renamed
 from .queues import queue_for, queue_for_driver
 from .settings import ConfigSource, Settings
 from .tasks import check_task_names, share, task_consumer_name
@@ -45,14 +46,16 @@ def process_topic(
     config: ConfigSource,
     partitions: int = 2,
     max_messages: int | None = None,
-    idle_timeout_s: float = 5.0,
+    idle_timeout_seconds: float = 5.0,
     *,
     threads: int = 8,
     consumer_name: str = "spark-process-topic",
+    idle_timeout_s: float | None = None,
 ) -> ProcessResult:
     """Run ``partitions`` Spark tasks that each consume ``topic`` and call
     ``handler(message)`` on ``threads`` threads until the topic has been idle for
-    ``idle_timeout_s`` (or the task's share of ``max_messages`` was handled).
+    ``idle_timeout_seconds`` (or the task's share of ``max_messages`` was handled).
+    ``idle_timeout_s`` is its deprecated name (a DeprecationWarning).
 
     A message is acked only after ``handler`` returned; a handler that raises sends it
     back for a retry, and after ``polling.max_delivery_count`` deliveries it is
@@ -61,6 +64,9 @@ def process_topic(
     held reappear after their lease (``polling.visibility_timeout_seconds``) and are
     delivered again (at-least-once). Counts come from successful task attempts.
     """
+    if idle_timeout_s is not None:
+        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
+        idle_timeout_seconds = idle_timeout_s
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
     check_task_names(consumer_name, partitions)
@@ -75,7 +81,7 @@ def process_topic(
             consumer,
             handler,
             max_messages=share(max_messages, partitions, index),
-            idle_timeout_s=idle_timeout_s,
+            idle_timeout_seconds=idle_timeout_seconds,
             threads=threads,
         )
         yield (result.processed, result.failed, result.dead_lettered)
