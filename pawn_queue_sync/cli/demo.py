@@ -82,5 +82,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     demo.add_argument("--path", default=None,
                       help="local store directory (default: PAWNQUEUE_LOCAL_PATH, else "
                       "./.pawnqueue)")
-    demo.add_argument("--timeout", type=positive_seconds, default=300.0)
+    demo.add_argument("--timeout", type=positive_seconds, default=300.0,
+                      help="seconds to wait for every message to be consumed "
+                      "(default: 300)")
     demo.set_defaults(func=cmd_demo)

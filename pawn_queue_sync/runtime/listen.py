@@ -36,7 +36,7 @@ Threads of one :class:`Listener` (all joined before :meth:`Listener.run` returns
 
 Stopping (:meth:`Listener.stop`, the ``stop_event``, or a signal when asked to install
 handlers) follows dramatiq's order: no new claims; unstarted messages are released at
-once; running handlers get ``shutdown_timeout`` seconds to finish while their leases
+once; running handlers get ``shutdown_timeout_seconds`` to finish while their leases
 are still renewed; pending acks are flushed and pending retries recorded; the
 refresher stops last; every thread is joined.
 """
@@ -80,11 +80,13 @@ class Listener:
 
     Tuning: at most ``max_workers + ack_batch_size`` messages are in hand at once
     (claimed and not yet acked, dead-lettered or given back): that bounds what a
-    crash can redeliver. ``poll_coalesce``: when fewer than half the workers are free,
-    wait up to this long for more before polling (one poll, two LISTs, then serves
-    several messages). ``retry_backoff`` doubles per delivery up to
-    ``retry_backoff_max``. ``shutdown_timeout``: how long running handlers get at stop;
-    one still running then is abandoned (``unfinished``), its lease left to expire.
+    crash can redeliver. ``poll_coalesce_seconds``: when fewer than half the workers
+    are free, wait up to this long for more before polling (one poll, two LISTs, then
+    serves several messages). ``retry_backoff_seconds`` doubles per delivery up to
+    ``retry_backoff_max_seconds``. ``shutdown_timeout_seconds``: how long running
+    handlers get at stop; one still running then is abandoned (``unfinished``), its
+    lease left to expire. Options are :class:`ListenOptions` fields (every duration in
+    seconds).
 
     ``handler_timeout_seconds`` (None: no limit): a handler call running longer is
     given up on. Its lease is no longer renewed and is left to expire (not released:
@@ -97,7 +99,7 @@ class Listener:
     its worker slot until it returns, so no more than ``max_workers`` threads ever run
     handlers; a listener whose every slot is stuck consumes nothing (see
     ``stats.stuck``, :meth:`stuck_handlers`). Stuck handlers do not keep the listener
-    busy: ``idle_timeout`` and ``max_messages`` stop it past them, and the shutdown
+    busy: ``idle_timeout_seconds`` and ``max_messages`` stop it past them, and the shutdown
     does not wait for them (they count in ``unfinished``). A handler that returns
     late is settled as usual (a failure is recorded at once, without backoff).
     """

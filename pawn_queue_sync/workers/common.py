@@ -44,7 +44,7 @@ MAX_START_FAILURES = 5
 #: How often a starting worker looks whether its first poll succeeded.
 _READY_CHECK_S = 0.05
 
-#: Seconds the parent waits beyond ``shutdown_timeout`` before SIGKILLing workers.
+#: Seconds the parent waits beyond ``shutdown_timeout_seconds`` before SIGKILLing workers.
 KILL_GRACE_S = 10.0
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)

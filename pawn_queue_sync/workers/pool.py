@@ -19,7 +19,7 @@ it stops the other workers gracefully and returns ``RET_START_FAILED``.
 
 The first SIGTERM/SIGINT is relayed to the children as a graceful stop (they finish
 in-flight handlers, release unstarted messages, flush acks); a second one, or children
-still alive ``shutdown_timeout`` + ``KILL_GRACE_S`` seconds later, stops them hard with
+still alive ``shutdown_timeout_seconds`` + ``KILL_GRACE_S`` seconds later, stops them hard with
 SIGKILL (counted in ``killed``).
 
 As in dramatiq's CLI, SIGINT and SIGTERM are blocked while a child starts, so a signal
