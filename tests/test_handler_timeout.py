@@ -20,17 +20,12 @@ import pytest
 from pawn_queue_sync import Message, PawnQueue, testing
 from pawn_queue_sync.errors import LeaseLostError
 from pawn_queue_sync.runtime import DrainResult, Listener, drain
+from tests.short_leases import POLLING as SHORT_LEASES
 from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
-#: Short leases: stale after 3 s (+1 s grace), renewed every second.
-POLLING = {
-    "interval_seconds": 0.2,
-    "visibility_timeout_seconds": 3,
-    "lease_refresh_interval_seconds": 1,
-    "max_delivery_count": 3,
-    "jitter_max_ms": 20,
-}
+#: Short leases (stale after 3 s + 1 s grace, renewed every second), polled often.
+POLLING = {**SHORT_LEASES, "interval_seconds": 0.2}
 #: No test waits longer than this for anything: fail, never hang.
 DEADLINE = 60.0
 #: How long a drain that works takes here at most (it returns within a second or two);

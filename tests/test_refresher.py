@@ -28,17 +28,10 @@ from pawn_queue_sync.errors import StorageError
 from pawn_queue_sync.runtime import LeaseRefresher, Listener
 from pawn_queue_sync.runtime import settler as settler_module
 from pawn_queue_sync.storage.base import ConditionFailed
+from tests.short_leases import POLLING
 from tests.threads import join, run_in_thread, wait_until
 
 TOPIC = "jobs"
-#: Short leases: stale after 3 s, renewed every second (the fence trusts 1 s).
-POLLING = {
-    "interval_seconds": 0.5,
-    "visibility_timeout_seconds": 3,
-    "lease_refresh_interval_seconds": 1,
-    "max_delivery_count": 3,
-    "jitter_max_ms": 20,
-}
 #: How long one lease PUT takes once the store is slowed down.
 LATENCY_S = 0.2
 #: No test waits longer than this for anything: fail, never hang.

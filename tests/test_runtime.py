@@ -48,18 +48,11 @@ from pawn_queue_sync.workers import (
 )
 from tests import runtime_handlers
 from tests.servers import S3Server, config_dict
+from tests.short_leases import POLLING, reap
 from tests.threads import join, run_in_thread
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "jobs"
-#: Short leases so expiry-dependent tests run in seconds.
-POLLING = {
-    "interval_seconds": 0.5,
-    "visibility_timeout_seconds": 3,
-    "lease_refresh_interval_seconds": 1,
-    "max_delivery_count": 3,
-    "jitter_max_ms": 20,
-}
 #: No test waits longer than this for anything: fail, never hang.
 DEADLINE = 90.0
 #: Threads of a started PawnQueue itself (live until it is closed).
@@ -438,9 +431,7 @@ def test_sigterm_to_the_pool_drains_in_flight_work_and_exits_0(
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=DEADLINE)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            reap(proc)
         assert proc.returncode == RET_OK, out
         records = runtime_handlers.read_records(str(record_dir))
         started = Counter(mid for ev in records.values() for e, mid in ev if e == "start")

@@ -29,6 +29,7 @@ from pawn_queue_sync.cli import main as pawnq_main
 from pawn_queue_sync.cli.worker import main as worker_main
 from pawn_queue_sync.workers import RET_OK, WorkerPool
 from tests import runtime_handlers
+from tests.short_leases import reap
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC = "jobs"
@@ -256,9 +257,7 @@ def test_pawnq_worker_imports_the_handler_from_the_working_directory(tmp_path: P
                 proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=DEADLINE)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            reap(proc)
         assert proc.returncode == RET_OK, out
         handled = [n.split(".") for n in os.listdir(out_dir)]
         assert {mid for mid, _ in handled} == ids
