@@ -18,7 +18,17 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
+
+#: the roles a driver plays; each driver module defines ``role_<name>`` for every one
+ROLE_NAMES = ("publish", "consume", "poll_cost", "idle")
+
+
+def role_table(namespace: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
+    """A driver's role functions by name, from its module ``globals()``: both drivers
+    answer the same roles, and one that lacks a role fails at import, not mid-run."""
+    return {name: namespace[f"role_{name}"] for name in ROLE_NAMES}
 
 
 class RequestCounter:
@@ -70,9 +80,6 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def load_spec() -> dict[str, Any]:
-    with open(sys.argv[1]) as f:
-        return json.load(f)
 
 
 class Sync:
@@ -115,7 +122,17 @@ class Sync:
             self._acks = None
 
 
+def start_driver() -> tuple[dict[str, Any], Sync, RequestCounter]:
+    """The spec named on the command line, its rendezvous with the runner, and the
+    request counter the driver registers on its client."""
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    return spec, Sync(spec), RequestCounter()
+
+
 def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    """Write a role's result (with the role's name and this process id) for the runner."""
+    result["role"] = spec["role"]
     result.setdefault("pid", os.getpid())
     out = spec["out"]
     with open(out + ".tmp", "w") as f:
@@ -165,3 +182,46 @@ def close_window(w: dict[str, Any], counter: RequestCounter, **extra: Any) -> di
         "requests": RequestCounter.diff(counter.snapshot(), w["req0"]),
         **extra,
     }
+
+
+def close_idle_window(w: dict[str, Any], counter: RequestCounter, half: dict[str, int], *,
+                      seconds: float, interval: float, mode: str) -> dict[str, Any]:
+    """End an idle consumer's window; ``half`` is the request counts at its middle, so
+    the second half (after start-up) is reported on its own."""
+    second_half = RequestCounter.diff(counter.snapshot(), half)
+    return close_window(w, counter, seconds=seconds, interval=interval, mode=mode, n=0,
+                        second_half=second_half)
+
+
+class PollCost:
+    """Measures single polls one after the other: call :meth:`begin` right before a
+    poll, :meth:`polled` right after it, :meth:`acked` once its messages are acked.
+    Each poll's seconds, CPU and requests, and its acks' requests, go to ``polls``."""
+
+    def __init__(self, counter: RequestCounter) -> None:
+        self.counter = counter
+        self.polls: list[dict[str, Any]] = []
+        self._before: dict[str, int] = {}
+        self._c0 = self._t0 = 0.0
+        self._row: dict[str, Any] = {}
+        self._mid: dict[str, int] = {}
+
+    def begin(self) -> None:
+        self._before, self._c0, self._t0 = (self.counter.snapshot(), cpu_seconds(),
+                                            time.perf_counter())
+
+    def polled(self, messages: int) -> None:
+        poll_s, poll_cpu = time.perf_counter() - self._t0, cpu_seconds() - self._c0
+        poll_req = RequestCounter.diff(self.counter.snapshot(), self._before)
+        self._mid = self.counter.snapshot()
+        self._row = {"messages": messages, "seconds": poll_s, "cpu": poll_cpu,
+                     "requests": poll_req}
+
+    def acked(self) -> None:
+        self._row["ack_requests"] = RequestCounter.diff(self.counter.snapshot(), self._mid)
+        self.polls.append(self._row)
+
+    def close(self, w: dict[str, Any]) -> dict[str, Any]:
+        """End the window opened before the first poll."""
+        return close_window(w, self.counter, polls=self.polls,
+                            n=sum(p["messages"] for p in self.polls))

@@ -12,14 +12,16 @@ import time
 from typing import Any
 
 from driverlib import (
+    PollCost,
     RequestCounter,
     Sync,
+    close_idle_window,
     close_window,
-    cpu_seconds,
-    load_spec,
     open_window,
     payload,
     publish_time,
+    role_table,
+    start_driver,
     write_result,
 )
 
@@ -35,9 +37,7 @@ def _listen_available() -> bool:
 
 
 def main() -> None:
-    spec = load_spec()
-    sync = Sync(spec)
-    counter = RequestCounter()
+    spec, sync, counter = start_driver()
     pq = PawnQueue(load_config(spec["config"]))
     pq.setup()
     try:
@@ -45,10 +45,7 @@ def main() -> None:
         topic = spec["topic"]
         if spec.get("create_topic", True):
             pq.create_topic(topic)
-        role = spec["role"]
-        result = ROLES[role](pq, spec, sync, counter, topic)
-        result["role"] = role
-        write_result(spec, result)
+        write_result(spec, ROLES[spec["role"]](pq, spec, sync, counter, topic))
     finally:
         sync.close()
         pq.teardown()
@@ -144,23 +141,15 @@ def role_poll_cost(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Req
     consumer = pq.register_consumer(spec.get("name", "bench-scale"), topics=[topic])
     max_messages = int(spec.get("max_messages", 10))
     w = open_window(counter, sync, spec.get("wait_go", False))
-    polls = []
+    cost = PollCost(counter)
     for _ in range(int(spec.get("polls", 5))):
-        before, c0, t0 = counter.snapshot(), cpu_seconds(), time.perf_counter()
+        cost.begin()
         msgs = consumer.poll(max_messages)
-        poll_s, poll_cpu = time.perf_counter() - t0, cpu_seconds() - c0
-        poll_req = RequestCounter.diff(counter.snapshot(), before)
-        mid = counter.snapshot()
+        cost.polled(len(msgs))
         if msgs:
             consumer.ack_many(msgs)
-        polls.append({
-            "messages": len(msgs),
-            "seconds": poll_s,
-            "cpu": poll_cpu,
-            "requests": poll_req,
-            "ack_requests": RequestCounter.diff(counter.snapshot(), mid),
-        })
-    return close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
+        cost.acked()
+    return cost.close(w)
 
 
 def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -188,17 +177,10 @@ def role_idle(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestC
             if not consumer.poll():
                 time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
     snap.join()
-    second_half = RequestCounter.diff(counter.snapshot(), half)
-    return close_window(w, counter, seconds=seconds, interval=interval, mode=mode, n=0,
-                         second_half=second_half)
+    return close_idle_window(w, counter, half, seconds=seconds, interval=interval, mode=mode)
 
 
-ROLES = {
-    "publish": role_publish,
-    "consume": role_consume,
-    "poll_cost": role_poll_cost,
-    "idle": role_idle,
-}
+ROLES = role_table(globals())
 
 if __name__ == "__main__":
     main()

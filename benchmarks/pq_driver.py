@@ -18,23 +18,23 @@ import time
 from typing import Any
 
 from driverlib import (
+    PollCost,
     RequestCounter,
     Sync,
+    close_idle_window,
     close_window,
-    cpu_seconds,
-    load_spec,
     open_window,
     payload,
     publish_time,
+    role_table,
+    start_driver,
     write_result,
 )
 from pawn_queue import PawnQueue
 
 
 async def main() -> None:
-    spec = load_spec()
-    sync = Sync(spec)
-    counter = RequestCounter()
+    spec, sync, counter = start_driver()
     pq = await PawnQueue.from_config(spec["config"])
     await pq.setup()
     try:
@@ -42,10 +42,7 @@ async def main() -> None:
         topic = spec["topic"]
         if spec.get("create_topic", True):
             await pq.create_topic(topic)
-        role = spec["role"]
-        result = await ROLES[role](pq, spec, sync, counter, topic)
-        result["role"] = role
-        write_result(spec, result)
+        write_result(spec, await ROLES[spec["role"]](pq, spec, sync, counter, topic))
     finally:
         sync.close()
         await pq.teardown()
@@ -95,23 +92,15 @@ async def role_poll_cost(pq: Any, spec: dict[str, Any], sync: Sync, counter: Req
                          topic: str) -> dict[str, Any]:
     consumer = await pq.register_consumer(spec.get("name", "bench-scale"), topics=[topic])
     w = open_window(counter, sync, spec.get("wait_go", False))
-    polls = []
+    cost = PollCost(counter)
     for _ in range(int(spec.get("polls", 3))):
-        before, c0, t0 = counter.snapshot(), cpu_seconds(), time.perf_counter()
+        cost.begin()
         msgs = await consumer.poll()
-        poll_s, poll_cpu = time.perf_counter() - t0, cpu_seconds() - c0
-        poll_req = RequestCounter.diff(counter.snapshot(), before)
-        mid = counter.snapshot()
+        cost.polled(len(msgs))
         for m in msgs:
             await m.ack()
-        polls.append({
-            "messages": len(msgs),
-            "seconds": poll_s,
-            "cpu": poll_cpu,
-            "requests": poll_req,
-            "ack_requests": RequestCounter.diff(counter.snapshot(), mid),
-        })
-    return close_window(w, counter, polls=polls, n=sum(p["messages"] for p in polls))
+        cost.acked()
+    return cost.close(w)
 
 
 async def role_idle(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -131,17 +120,11 @@ async def role_idle(pq: Any, spec: dict[str, Any], sync: Sync, counter: RequestC
     with contextlib.suppress(asyncio.CancelledError):
         await task
     interval = float(spec["config"]["polling"]["interval_seconds"])
-    second_half = RequestCounter.diff(counter.snapshot(), half)
-    return close_window(w, counter, seconds=seconds, interval=interval, mode="listen", n=0,
-                         second_half=second_half)
+    return close_idle_window(w, counter, half, seconds=seconds, interval=interval,
+                             mode="listen")
 
 
-ROLES = {
-    "publish": role_publish,
-    "consume": role_consume,
-    "poll_cost": role_poll_cost,
-    "idle": role_idle,
-}
+ROLES = role_table(globals())
 
 if __name__ == "__main__":
     asyncio.run(main())
