@@ -15,7 +15,7 @@ from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
-from ..storage.factory import build_store
+from ..storage.factory import build_store, check_session_client
 from . import registry, topics
 from .consumer import Consumer
 from .context import Context
@@ -47,6 +47,7 @@ class PawnQueue:
         :func:`~pawn_queue_sync.storage.factory.build_store`); not with ``store``."""
         if store is not None and (session is not None or client is not None):
             raise ConfigError("store", "give a store, or a boto3 session or client, not both")
+        check_session_client(session, client)
         if not isinstance(config, PawnQueueConfig):
             if config is not None and not isinstance(config, (str, os.PathLike, Mapping)):
                 raise ConfigError(

@@ -13,13 +13,23 @@ from ..config import PawnQueueConfig
 from ..errors import ConfigError
 from .base import Store
 
-__all__ = ["build_store"]
+__all__ = ["build_store", "check_session_client"]
+
+
+def check_session_client(session: Any, client: Any) -> None:
+    """ConfigError unless ``session`` is None or a ``boto3.Session``, ``client`` None or
+    a boto3 S3 client, and not both are given (boto3 is imported only to check one)."""
+    if session is not None or client is not None:
+        from .s3.source import check_session_client as check
+
+        check(session, client)
 
 
 def build_store(config: PawnQueueConfig, *, session: Any = None, client: Any = None) -> Store:
     """The configured store, checked (an S3 bucket is reached, and created when
     ``s3.create_bucket`` asks). ``session``: a ``boto3.Session``; ``client``: a ready
     boto3 S3 client; at most one, and only for an S3 store (ConfigError otherwise)."""
+    check_session_client(session, client)
     if config.s3 is not None:
         from .s3 import S3Store
 

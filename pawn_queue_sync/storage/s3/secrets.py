@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable
 
@@ -16,13 +17,32 @@ from ...config import redact_endpoint
 __all__ = ["SECRET_FILTER", "mask"]
 
 
+#: what a signed request shows of its credentials, whatever they are (credentials that
+#: refresh change after the client was built): the value of a session-token header or
+#: query parameter (as botocore logs it: ``x-amz-security-token:T``, ``'X-Amz-Security-
+#: Token': b'T'``, ``X-Amz-Security-Token=T``) and the access key of a SigV4
+#: ``Credential=KEY/...`` (``X-Amz-Credential=KEY%2F...`` in a presigned URL)
+_SIGNED = re.compile(
+    r"(?i)(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)[^'\"\s&,]+"
+    r"|(credential=)[^/%'\"\s,&]+"
+)
+
+
+def _mask_signed(match: re.Match[str]) -> str:
+    return (match.group(1) or match.group(2)) + "***"
+
+
 def mask(text: str, secrets: Iterable[str | None]) -> str:
     """``text`` with the userinfo of URLs and every secret masked (``***``), also in
     the escaped and trimmed forms error texts quote them in (botocore shows a bad
     header as bytes: a key read from a file with its newline appears as ``KEY\\n``);
-    a form other than the secret itself only when 8 characters or longer."""
+    a form other than the secret itself only when 8 characters or longer. The session
+    token and access key of a signed request are masked whatever they are."""
     if "@" in text:
         text = redact_endpoint(text)
+    lowered = text.lower()
+    if "credential=" in lowered or "x-amz-security-token" in lowered:
+        text = _SIGNED.sub(_mask_signed, text)
     forms: set[str] = set()
     for secret in secrets:
         if not secret:
@@ -68,6 +88,9 @@ class _RedactSecrets(logging.Filter):
         return self._secrets
 
     def add(self, *secrets: str | None) -> None:
+        """Mask these too (a no-op for ones already known: cheap enough per request)."""
+        if not {s for s in secrets if s} - self._secrets:
+            return
         with self._lock:
             self._secrets = self._secrets | {s for s in secrets if s}
             existing = [

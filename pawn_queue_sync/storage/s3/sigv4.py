@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
+from .secrets import SECRET_FILTER
+
 __all__ = ["Signer", "host_header"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -43,6 +45,7 @@ class Signer:
         self._host = host
         self._region = region
         self._credentials = credentials
+        self._masked: Any = None  # the credentials last registered with SECRET_FILTER
         self._keys: dict[tuple[str, str], bytes] = {}
         self._keys_lock = threading.Lock()
 
@@ -52,6 +55,9 @@ class Signer:
         """The headers to send: ``headers`` with host, payload hash, date, the session
         token if any, and the authorization. ``path`` and ``query`` already encoded."""
         creds = self._credentials.get_frozen_credentials()
+        if creds != self._masked:  # refreshed: masked in logs and errors from now on
+            SECRET_FILTER.add(creds.access_key, creds.secret_key, creds.token)
+            self._masked = creds
         amz_date = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         day = amz_date[:8]
         payload = hashlib.sha256(body).hexdigest()

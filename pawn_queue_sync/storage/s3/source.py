@@ -1,8 +1,10 @@
 """Where the S3 store's boto3 clients come from: its settings (the default: a fresh
 botocore session per client, the credential chain or the configured keys), a caller's
 ``boto3.Session`` (profiles, assumed roles, SSO: clients are built from it, in a forked
-child too), or a caller's ready boto3 S3 client (used as it is, in the process that
-gave it only: a client never crosses a fork).
+child too, where botocore's refresh locks of the session's credentials are replaced:
+a thread of the parent may have held one at the fork), or a caller's ready boto3 S3
+client (used as it is, in the process that gave it only: a client never crosses a
+fork). Anything else given as either is a ConfigError (:func:`check_session_client`).
 
 A store built from a session or a client cannot be pickled (:class:`StoreNotPortable`):
 its credentials live in the session, which does not travel; Spark executors build
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -23,7 +27,7 @@ from .times import parse_timestamp
 if TYPE_CHECKING:
     from ...config import S3Config
 
-__all__ = ["Built", "ClientSource"]
+__all__ = ["Built", "ClientSource", "check_session_client"]
 
 
 @attrs.frozen
@@ -43,12 +47,13 @@ class ClientSource:
     """Builds the store's boto3 client for the current process (see the module)."""
 
     def __init__(self, config: S3Config, *, session: Any = None, client: Any = None) -> None:
-        if session is not None and client is not None:
-            raise ConfigError("s3", "give a boto3 session or a boto3 client, not both")
+        check_session_client(session, client)
         self._config = config
         self._session = session
         self._client = client
         self._pid = os.getpid()
+        if session is not None:
+            _SESSION_SOURCES.add(self)
 
     @property
     def kind(self) -> str:
@@ -65,13 +70,17 @@ class ClientSource:
 
     def who(self) -> str:
         """Who we are to the server, for the capability probe's cache: a digest of the
-        access key id (the configured one, or the session's or client's), or the
-        default credential chain."""
-        who = self._config.aws_access_key_id
+        access key id the requests are signed with, or the default credential chain. A
+        given client signs with its own credentials, never the configured ones; a
+        session's clients are built with the configured keys when there are some."""
+        who = None if self._client is not None else self._config.aws_access_key_id
         if who is None and self.kind != "settings":
-            given = self._session or self._client
+            given = self._session if self._client is None else self._client
             creds = self._credentials_of(given)
-            frozen = None if creds is None else creds.get_frozen_credentials()
+            try:
+                frozen = None if creds is None else creds.get_frozen_credentials()
+            except Exception:  # credentials that fail to refresh: the request reports it
+                frozen = None
             who = frozen.access_key if frozen else f"{self.kind} {id(given)}"
         digest = hashlib.sha256((who or "default credential chain").encode("utf-8")).hexdigest()
         return digest[:16]
@@ -177,6 +186,43 @@ class ClientSource:
             SECRET_FILTER.add(frozen.access_key, frozen.secret_key, frozen.token)
 
 
+def check_session_client(session: Any, client: Any) -> None:
+    """ConfigError unless ``session`` is None or a ``boto3.Session`` and ``client`` None
+    or a boto3 S3 client, and not both given: checked where they are given, before any
+    request (a wrong object would fail later with an untyped error)."""
+    if session is not None and client is not None:
+        raise ConfigError("s3", "give a boto3 session or a boto3 client, not both")
+    if session is not None:
+        import boto3.session
+
+        if not isinstance(session, boto3.session.Session):
+            raise ConfigError(
+                "session", f"expected a boto3.Session (boto3.Session(profile_name=...)), "
+                f"not {_kind_of(session)}"
+            )
+    if client is not None:
+        import botocore.client
+
+        service = None
+        if isinstance(client, botocore.client.BaseClient):
+            service = getattr(getattr(client.meta, "service_model", None), "service_name", None)
+        if service != "s3":
+            raise ConfigError(
+                "client", f"expected a boto3 S3 client (boto3.client('s3', ...)), not "
+                f"{_kind_of(client)}"
+            )
+
+
+def _kind_of(value: Any) -> str:
+    """What a value is, for an error: a boto3 client's service, else its type (never
+    its repr, which could quote a secret)."""
+    model = getattr(getattr(value, "meta", None), "service_model", None)
+    service = getattr(model, "service_name", None)
+    if isinstance(service, str):
+        return f"a boto3 client of {service}"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
 def _verify_of(client: Any) -> str | None:
     """The CA bundle a given client verifies HTTPS with (None: the default bundle);
     the fast path never verifies less than the client does."""
@@ -207,3 +253,25 @@ def _new_botocore_session() -> Any:
     session = botocore.session.Session()
     session.register_component("data_loader", loader)
     return session
+
+
+#: the sources built from a caller's session, for :func:`_after_fork_in_child`
+_SESSION_SOURCES: weakref.WeakSet[ClientSource] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, new locks for botocore's refreshing credentials and token of
+    every session a store uses: a thread of the parent refreshing them (an STS or SSO
+    call, under the lock) at the fork does not exist here, and the child's first
+    request would wait for that lock forever. Guarded by ``hasattr``: a botocore
+    without these attributes keeps its own."""
+    for source in list(_SESSION_SOURCES):
+        core = getattr(source._session, "_session", None)  # boto3's botocore session
+        for held in (getattr(core, "_credentials", None), getattr(core, "_auth_token", None)):
+            lock = getattr(held, "_refresh_lock", None)
+            if lock is not None:
+                rlock = isinstance(lock, type(threading.RLock()))
+                held._refresh_lock = threading.RLock() if rlock else threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
