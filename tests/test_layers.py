@@ -33,6 +33,10 @@ ALLOWED_UP: dict[tuple[str, str], str] = {
         "PawnQueueBuilder.build() returns a PawnQueue (pawn-queue's API); the import is "
         "inside build(), so config imports without the queue"
     ),
+    ("runtime.workers", "workers"): (
+        "a deprecated public import path (documented before the pool moved up to "
+        "pawn_queue_sync.workers): re-exports it, with a DeprecationWarning on import"
+    ),
 }
 
 
