@@ -12,6 +12,7 @@ milliseconds and sees the same orderings.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -20,6 +21,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 __all__ = ["Clock", "SystemClock", "FakeClock", "SYSTEM_CLOCK", "wait_for"]
+
+log = logging.getLogger(__name__)
 
 
 class Clock(Protocol):
@@ -91,7 +94,12 @@ class FakeClock:
 
     **Manual mode** (the default): ``sleep(s)`` advances the clock by ``s``;
     ``advance(s)`` wakes every :meth:`wait` whose deadline it passed. Single-threaded
-    protocol tests drive time step by step.
+    protocol tests drive time step by step. Nothing else moves it: code that waits for
+    time to pass on it (a listener's idle timeout, retry backoffs, ``drain()``, a
+    shutdown wait) waits until the test advances the clock, however long that takes in
+    real time. A wait with a timeout that has stood still for ``stall_warning_seconds``
+    of real time is logged (a warning, once per wait), so a test that forgot to move
+    the clock (or meant ``auto=True``) says so instead of hanging silently.
 
     **Auto mode** (``auto=True``, for code running threads, such as a listener): a
     daemon thread (``fake-clock``) advances time to the earliest deadline of the
@@ -114,13 +122,15 @@ class FakeClock:
     """
 
     def __init__(self, start: datetime | None = None, *, auto: bool = False,
-                 quiet_seconds: float = 0.002, hold_seconds: float = 0.25) -> None:
+                 quiet_seconds: float = 0.002, hold_seconds: float = 0.25,
+                 stall_warning_seconds: float = 10.0) -> None:
         self._lock = threading.Lock()
         self._t = 0.0
         self._origin = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
         self._auto = auto
         self._quiet = quiet_seconds
         self._hold = hold_seconds
+        self._stall_warning = stall_warning_seconds
         self._waiters: set[_Waiter] = set()
         #: threads that have waited on the clock -> real time they left their last wait
         #: (None while in a wait)
@@ -190,14 +200,28 @@ class FakeClock:
         try:
             # Woken by a notify, by advance() or the advancer (both notify ``cond``
             # after moving time, under ``cond``: no wakeup is lost), or, as a safety
-            # net only, after a real second.
+            # net only, after a real second (sooner for the stall warning).
+            started = time.monotonic()
+            warn = not self._auto and deadline != float("inf")
             while True:
-                notified = cond.wait(1.0)
+                step = 1.0
+                if warn:
+                    step = min(step, max(started + self._stall_warning - time.monotonic(),
+                                         0.001))
+                notified = cond.wait(step)
                 with self._lock:
                     if self._t >= deadline:
                         return False
+                    now = self._t
                 if notified:
                     return True
+                if warn and time.monotonic() - started >= self._stall_warning:
+                    warn = False
+                    log.warning(
+                        "manual FakeClock at t=%.3f: thread %r has waited %.1f s of real "
+                        "time for virtual time to reach %.3f; only advance() or sleep() "
+                        "move this clock (or use FakeClock(auto=True))",
+                        now, me.name, time.monotonic() - started, deadline)
         finally:
             with self._lock:
                 self._waiters.discard(waiter)

@@ -19,6 +19,13 @@ as on S3 (same claims, leases, acks, dead-letter); only the store and the clock 
 
 Handlers that simulate slow work should sleep on the queue's clock
 (``pq.context.clock.sleep(s)``, virtual), not with ``time.sleep`` (real).
+
+``memory_queue(clock=FakeClock())`` (a *manual* clock) is for tests that move time
+themselves: a listener's or ``run_handler``'s timeouts (idle timeout, retry backoffs,
+ack flushes, the shutdown wait) then elapse only as the test calls
+``clock.advance(seconds)``; nothing moves it otherwise, so ``run_handler`` does not
+return until the test advances the clock past its idle timeout (the clock logs a
+warning when a wait has stood still for ``stall_warning_seconds`` of real time).
 """
 
 from __future__ import annotations
@@ -47,13 +54,41 @@ def memory_queue(
     (e.g. ``{"polling": {"max_delivery_count": 3}}``); the store is always the memory
     store. ``hooks(op, key)``, called before each store operation, may raise a
     :class:`~pawn_queue_sync.StorageError` to inject a fault (or sleep on ``clock`` to
-    slow the store down). Close the queue (or use ``with``) when done."""
-    clock = clock if clock is not None else FakeClock(auto=True)
-    pq = PawnQueue(load_config(dict(config or {})), store=MemoryStore(clock, hooks=hooks),
-                   clock=clock).setup()
-    for topic in topics:
-        pq.create_topic(topic)
+    slow the store down). Close the queue (or use ``with``) when done: that also
+    closes the clock made here (not one passed in). With a manual clock
+    (``FakeClock()``), timeouts elapse only as the test advances it (see above)."""
+    if clock is None:
+        pq: PawnQueue = _ClockOwningQueue(config, hooks, FakeClock(auto=True))
+    else:
+        pq = PawnQueue(load_config(dict(config or {})),
+                       store=MemoryStore(clock, hooks=hooks), clock=clock)
+    try:
+        pq.setup()
+        for topic in topics:
+            pq.create_topic(topic)
+    except BaseException:
+        pq.close()
+        raise
     return pq
+
+
+class _ClockOwningQueue(PawnQueue):
+    """A memory queue on a clock of its own, which ``close()`` closes after the queue
+    (its ``fake-clock`` thread, if running, is joined): nothing left running."""
+
+    def __init__(self, config: Mapping[str, Any] | None, hooks: Hook | None,
+                 clock: FakeClock) -> None:
+        super().__init__(load_config(dict(config or {})),
+                         store=MemoryStore(clock, hooks=hooks), clock=clock)
+        self._own_clock = clock
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self._own_clock.close()
+
+    close = teardown
 
 
 def run_handler(

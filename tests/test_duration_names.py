@@ -104,3 +104,38 @@ def test_process_topic_takes_idle_timeout_seconds_and_the_old_name_warns(
             result = process_topic(_Spark(), "orders", lambda m: None, config, 1, None, 0.1)  # type: ignore[arg-type]
         assert result.processed == 1
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
+
+
+def test_an_old_name_and_its_new_one_both_given_is_a_type_error(tmp_path: Path) -> None:
+    """``drain(idle_timeout_seconds=0.5, idle_timeout_s=7)`` ran with 7 and
+    ``WorkerPool(shutdown_timeout=5, shutdown_timeout_seconds=10)`` with 5, silently;
+    the Listener refused both names already. Now every renamed duration does (the new
+    name given with its default's value counts as given), Spark's functions too."""
+    from pawn_queue_sync import drain
+    from pawn_queue_sync.spark import consume_to_dataframe, process_topic
+    from pawn_queue_sync.workers import WorkerPool
+
+    with memory_queue(topics=["orders"]) as pq:
+        consumer = pq.register_consumer("c", ["orders"])
+        for new in (0.5, 5.0):
+            with pytest.raises(TypeError, match="both 'idle_timeout_s' and "
+                                                "'idle_timeout_seconds' given"), \
+                    pytest.warns(DeprecationWarning):
+                drain(consumer, lambda m: None, idle_timeout_seconds=new, idle_timeout_s=7)
+    for old, new, value in [("shutdown_timeout", "shutdown_timeout_seconds", 10.0),
+                            ("shutdown_timeout", "shutdown_timeout_seconds", 30.0),
+                            ("restart_backoff", "restart_backoff_seconds", 1.0),
+                            ("restart_backoff_max", "restart_backoff_max_seconds", 30.0)]:
+        with pytest.raises(TypeError, match=f"both {old!r} and {new!r} given"), \
+                pytest.warns(DeprecationWarning):
+            WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                       **{old: 5.0, new: value})  # type: ignore[arg-type]
+    config = {"local": {"path": str(tmp_path)}}
+    for new in (0.5, 5.0):
+        with pytest.raises(TypeError, match="both"), pytest.warns(DeprecationWarning):
+            process_topic(_Spark(), "orders", lambda m: None, config,  # type: ignore[arg-type]
+                          idle_timeout_seconds=new, idle_timeout_s=7)
+    for new in (0.5, 1.0):
+        with pytest.raises(TypeError, match="both"), pytest.warns(DeprecationWarning):
+            consume_to_dataframe(_Spark(), "orders", config,  # type: ignore[arg-type]
+                                 idle_timeout_seconds=new, idle_timeout_s=7)

@@ -4,6 +4,7 @@ it once accepted only ``max_workers`` and ``stop_event``."""
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -91,3 +92,67 @@ def test_listen_keeps_the_max_workers_of_its_options_object(as_keyword: bool) ->
         assert seen == [options] * 3
         assert {o.max_workers for o in seen} == {2}
 
+
+
+@pytest.mark.parametrize("options", [{"max_workers": 2}, 2, "fast"])
+def test_options_that_are_not_a_listen_options_are_a_type_error(options: object) -> None:
+    """``Listener(c, h, {"max_workers": 2})`` (or a number) raised AttributeError from
+    deep inside; ``Consumer.listen`` the same. A TypeError names what goes there."""
+    from pawn_queue_sync import Listener
+    from pawn_queue_sync.testing import memory_queue
+
+    with memory_queue(topics=["orders"]) as pq:
+        consumer = pq.register_consumer("c", ["orders"])
+        with pytest.raises(TypeError, match="ListenOptions"):
+            Listener(consumer, lambda m: None, options)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="ListenOptions"):
+            consumer.listen(lambda m: None, options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fields", [{"max_workers": 16}, {"shutdown_timeout_seconds": 120},
+                                    {"install_signal_handlers": True}, {"name": "mine"}])
+def test_worker_pool_refuses_listen_options_that_set_what_the_pool_sets(
+        fields: dict[str, object]) -> None:
+    """``WorkerPool(listener_options=ListenOptions(shutdown_timeout_seconds=120))`` was
+    accepted and the field silently dropped (the pool sets it for every child); the same
+    name in a dict is a ValueError, and now in a ListenOptions too."""
+    from pawn_queue_sync import ListenOptions
+    from pawn_queue_sync.workers import WorkerPool
+
+    (name,) = fields
+    with pytest.raises(ValueError, match=name):
+        WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                   listener_options=ListenOptions(**fields))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=name):
+        WorkerPool({}, ["orders"], "tests.runtime_handlers:record", listener_options=fields)
+    pool = WorkerPool({}, ["orders"], "tests.runtime_handlers:record",
+                      listener_options=ListenOptions(ack_batch_size=10))
+    assert pool is not None
+
+
+DURATIONS = ["idle_timeout_seconds", "shutdown_timeout_seconds", "handler_timeout_seconds",
+             "ack_flush_interval_seconds", "poll_coalesce_seconds", "retry_backoff_seconds",
+             "retry_backoff_max_seconds"]
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+@pytest.mark.parametrize("name", DURATIONS)
+def test_a_duration_that_is_not_finite_is_refused(name: str, value: float) -> None:
+    """``handler_timeout_seconds=float("inf")`` passed validation, then the settler's
+    wait raised OverflowError and the settler thread died (the message stayed leased):
+    every listener duration must be a finite number of seconds (ValueError, as other
+    bad values are), also given through drain() or Consumer.listen."""
+    from pawn_queue_sync import Listener, ListenOptions, drain
+    from pawn_queue_sync.testing import memory_queue
+
+    with pytest.raises(ValueError, match=name):
+        ListenOptions(**{name: value})  # type: ignore[arg-type]
+    with memory_queue(topics=["orders"]) as pq:
+        consumer = pq.register_consumer("c", ["orders"])
+        with pytest.raises(ValueError, match=name):
+            Listener(consumer, lambda m: None, **{name: value})
+        with pytest.raises(ValueError, match=name):
+            consumer.listen(lambda m: None, **{name: value})
+        if name in ("idle_timeout_seconds", "handler_timeout_seconds"):
+            with pytest.raises(ValueError, match=name):
+                drain(consumer, lambda m: None, **{name: value})

@@ -8,6 +8,7 @@ handler's unit test runs its retries and dead-letters in virtual time.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -179,3 +180,73 @@ def test_a_timeout_below_the_clocks_resolution_still_waits_for_time_to_move() ->
     clock.advance(1e-9)
     join(runner, DEADLINE)
     assert result == [False]
+
+
+def test_a_runtime_loop_on_a_manual_clock_waits_for_the_test_to_move_it() -> None:
+    """drain() on a manual ``FakeClock()`` (``memory_queue(clock=FakeClock())``, or
+    ``PawnQueue(..., clock=FakeClock())``): its idle timeout elapses only as the test
+    advances the clock. It used to wait silently forever; a wait that only advance()
+    can end is now logged as a warning naming the way out, and the drain finishes
+    once the clock is moved on. The deadline is real time: fail, never hang."""
+    stalled = threading.Event()
+    messages: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+            stalled.set()
+
+    catch = Catch(logging.WARNING)
+    clock_log = logging.getLogger("pawn_queue_sync.clock")
+    clock_log.addHandler(catch)
+    clock = FakeClock(stall_warning_seconds=0.05)
+    try:
+        with memory_queue(topics=["t"], clock=clock) as pq:
+            pq.register_producer("p").publish_batch("t", [{"n": i} for i in range(3)])
+            results: list[pawn_queue_sync.DrainResult] = []
+            runner = run_in_thread(lambda: results.append(
+                run_handler(pq, "t", lambda m: None, idle_timeout_seconds=5.0)))
+            assert stalled.wait(DEADLINE), "no warning for a wait only advance() can end"
+            assert "advance()" in messages[0] and "auto=True" in messages[0]
+            assert runner.is_alive() and results == []  # virtual time stood still
+            assert clock.monotonic() == 0.0
+            deadline = time.monotonic() + DEADLINE
+            while runner.is_alive():
+                assert time.monotonic() < deadline, "drain() did not end as time moved"
+                clock.advance(1.0)
+                runner.join(0.01)
+            assert [r.processed for r in results] == [3]
+            assert clock.monotonic() >= 5.0
+    finally:
+        clock_log.removeHandler(catch)
+        clock.close()
+
+
+def test_memory_queue_leaves_no_thread_running_after_close() -> None:
+    """The auto clock memory_queue() makes is closed with the queue (its ``fake-clock``
+    thread was left running); a clock the caller passed is the caller's to close."""
+    before = set(threading.enumerate())
+    with memory_queue(topics=["t"]) as pq:
+        pq.register_producer("p").publish("t", {"n": 1})
+        assert run_handler(pq, "t", lambda m: None).processed == 1
+    assert [t.name for t in threading.enumerate() if t not in before] == []
+    with FakeClock(auto=True) as mine:
+        with memory_queue(topics=["t"], clock=mine) as pq:
+            pq.register_producer("p").publish("t", {"n": 1})
+        mine.sleep(1.0)  # still moves: memory_queue() did not close it
+        assert mine.monotonic() == 1.0
+
+
+def test_the_old_import_path_of_the_worker_pool_still_works_and_warns() -> None:
+    """``from pawn_queue_sync.runtime.workers import WorkerPool`` was documented; it
+    raised ModuleNotFoundError once the pool moved to ``pawn_queue_sync.workers``."""
+    import importlib
+
+    from pawn_queue_sync import workers
+
+    sys.modules.pop("pawn_queue_sync.runtime.workers", None)
+    with pytest.warns(DeprecationWarning, match="pawn_queue_sync.workers"):
+        old = importlib.import_module("pawn_queue_sync.runtime.workers")
+    assert old.WorkerPool is workers.WorkerPool
+    assert set(old.__all__) == set(workers.__all__)
+    assert all(getattr(old, name) is getattr(workers, name) for name in workers.__all__)

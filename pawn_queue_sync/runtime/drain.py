@@ -12,7 +12,7 @@ import logging
 from typing import NamedTuple
 
 from .listen import Listener
-from .options import warn_renamed
+from .options import Default, check_duration, renamed_value
 from .ports import ConsumerPort, Handler
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def drain(
     handler: Handler,
     *,
     max_messages: int | None = None,
-    idle_timeout_seconds: float = 5.0,
+    idle_timeout_seconds: float = Default(5.0),
     threads: int = 4,
     handler_timeout_seconds: float | None = None,
     idle_timeout_s: float | None = None,
@@ -80,17 +80,17 @@ def drain(
     finish.
 
     ``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds`` (a
-    DeprecationWarning).
+    DeprecationWarning; both given is a TypeError).
 
     Threads of the :class:`~pawn_queue_sync.PawnQueue` itself (its claim and publish
     pools) live until ``PawnQueue.close()``; inside a Spark task close the queue before
     the partition function returns.
     """
-    if idle_timeout_s is not None:
-        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
-        idle_timeout_seconds = idle_timeout_s
+    idle_timeout_seconds = renamed_value("idle_timeout_s", idle_timeout_s,
+                                         "idle_timeout_seconds", idle_timeout_seconds)
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads!r}")
+    check_duration("idle_timeout_seconds", idle_timeout_seconds)
     if idle_timeout_seconds < 0:
         raise ValueError(f"idle_timeout_seconds must be >= 0, got {idle_timeout_seconds!r}")
     listener = Listener(
@@ -98,7 +98,7 @@ def drain(
         handler,
         max_workers=threads,
         max_messages=max_messages,
-        idle_timeout_seconds=idle_timeout_seconds,
+        idle_timeout_seconds=float(idle_timeout_seconds),
         handler_timeout_seconds=handler_timeout_seconds,
     )
     listener.run()

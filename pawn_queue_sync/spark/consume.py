@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLostError
 from ..queue.message import Message
-from ..runtime.options import warn_renamed
+from ..runtime.options import Default, renamed_value
 from ..runtime.refresher import LeaseRefresher
 from .queues import queue_for, queue_for_driver
 from .rows import MESSAGE_COLUMNS, parse_time, payload_text
@@ -35,7 +35,7 @@ def consume_to_dataframe(
     *,
     max_messages: int | None = 10_000,
     partitions: int = 2,
-    idle_timeout_seconds: float = 1.0,
+    idle_timeout_seconds: float = Default(1.0),
     before_ack: Callable[[DataFrame], Any] | None = None,
     consumer_name: str = "spark-consume-to-dataframe",
     max_claim_seconds: float | None = None,
@@ -59,9 +59,8 @@ def consume_to_dataframe(
     ``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds`` (a
     DeprecationWarning).
     """
-    if idle_timeout_s is not None:
-        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
-        idle_timeout_seconds = idle_timeout_s
+    idle_timeout_seconds = float(renamed_value("idle_timeout_s", idle_timeout_s,
+                                               "idle_timeout_seconds", idle_timeout_seconds))
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
     check_task_names(consumer_name, partitions)

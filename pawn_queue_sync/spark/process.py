@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..queue.message import Message
 from ..runtime.drain import drain
-from ..runtime.options import warn_renamed
+from ..runtime.options import Default, renamed_value
 from .queues import queue_for, queue_for_driver
 from .settings import ConfigSource, Settings
 from .tasks import check_task_names, share, task_consumer_name
@@ -46,7 +46,7 @@ def process_topic(
     config: ConfigSource,
     partitions: int = 2,
     max_messages: int | None = None,
-    idle_timeout_seconds: float = 5.0,
+    idle_timeout_seconds: float = Default(5.0),
     *,
     threads: int = 8,
     consumer_name: str = "spark-process-topic",
@@ -64,9 +64,8 @@ def process_topic(
     held reappear after their lease (``polling.visibility_timeout_seconds``) and are
     delivered again (at-least-once). Counts come from successful task attempts.
     """
-    if idle_timeout_s is not None:
-        warn_renamed("idle_timeout_s", "idle_timeout_seconds")
-        idle_timeout_seconds = idle_timeout_s
+    idle_timeout_seconds = float(renamed_value("idle_timeout_s", idle_timeout_s,
+                                               "idle_timeout_seconds", idle_timeout_seconds))
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions!r}")
     check_task_names(consumer_name, partitions)

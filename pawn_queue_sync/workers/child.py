@@ -62,11 +62,22 @@ def _checked_listener_options(
 ) -> dict[str, Any]:
     """``options`` if every name is a Listener option the pool leaves to the caller;
     a misspelled one is a ValueError here, not a TypeError in every child (each of
-    which would die before polling until the pool gave up)."""
-    if isinstance(options, ListenOptions):  # its fields, but those the pool sets
-        return {k: v for k, v in attrs.asdict(options).items() if k not in _POOL_SET}
+    which would die before polling until the pool gave up). A ListenOptions setting a
+    field the pool sets (``max_workers``: ``threads=``, ...) is the same ValueError,
+    not a silent drop."""
+    if isinstance(options, ListenOptions):  # the fields it sets (not left at default)
+        defaults = ListenOptions()
+        options = {k: v for k, v in attrs.asdict(options).items()
+                   if k not in _POOL_SET or v != getattr(defaults, k)}
     options = dict(options or {})
     known = option_names() - _POOL_SET
+    owned = sorted(set(options) & _POOL_SET)
+    if owned:
+        raise ValueError(
+            f"listener option(s) {', '.join(map(repr, owned))} are set by the pool (its "
+            f"threads, shutdown_timeout_seconds, install_signal_handlers, consumer_name); "
+            f"known: {', '.join(sorted(known))}"
+        )
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(

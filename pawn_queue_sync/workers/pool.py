@@ -54,7 +54,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, PawnQueueError, StorageError, TopicNotFoundError
 from ..queue.core import PawnQueue
-from ..runtime.options import ListenOptions, renamed
+from ..runtime.options import Default, ListenOptions, renamed
 from ..runtime.signals import Wakeup, install_stop_handlers
 from .child import _checked_listener_options, _child_main, _ChildSpec
 from .common import (
@@ -115,9 +115,9 @@ class WorkerPool:
         processes: int = 1,
         threads: int = 4,
         consumer_name: str = "worker",
-        shutdown_timeout_seconds: float = 30.0,
-        restart_backoff_seconds: float = 1.0,
-        restart_backoff_max_seconds: float = 30.0,
+        shutdown_timeout_seconds: float = Default(30.0),
+        restart_backoff_seconds: float = Default(1.0),
+        restart_backoff_max_seconds: float = Default(30.0),
         start_method: str = "spawn",
         install_signal_handlers: bool = True,
         log_level: int | None = None,
@@ -128,7 +128,12 @@ class WorkerPool:
         unknown = sorted(set(deprecated) - set(_DEPRECATED))
         if unknown:
             raise TypeError(f"WorkerPool() got an unexpected keyword argument {unknown[0]!r}")
-        names = renamed(deprecated, _DEPRECATED)
+        explicit = {name for name, value in (
+            ("shutdown_timeout_seconds", shutdown_timeout_seconds),
+            ("restart_backoff_seconds", restart_backoff_seconds),
+            ("restart_backoff_max_seconds", restart_backoff_max_seconds),
+        ) if not isinstance(value, Default)}  # given by the caller: with an old name, a TypeError
+        names = renamed(deprecated, _DEPRECATED, explicit=explicit)
         shutdown_timeout = names.get("shutdown_timeout_seconds", shutdown_timeout_seconds)
         restart_backoff = names.get("restart_backoff_seconds", restart_backoff_seconds)
         restart_backoff_max = names.get("restart_backoff_max_seconds",
