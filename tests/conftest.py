@@ -46,6 +46,13 @@ settings.register_profile(
 )
 settings.load_profile("pawnq")
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of an ``xdist_group`` first: each group runs on one worker, one test after
+    another (the Spark ones share a JVM per group), so they are the suite's longest
+    chains; started first, the other tests fill the other workers around them."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
 _SERVER_FIXTURES = {"seaweedfs": "seaweedfs", "moto": "moto_s3"}
 
 

@@ -120,7 +120,7 @@ def run_here(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("doc", [
-    pytest.param(doc, marks=pytest.mark.xdist_group("spark")) if doc in _SPARK else doc
+    pytest.param(doc, marks=pytest.mark.xdist_group("spark-2")) if doc in _SPARK else doc
     for doc in _PARAMS
 ])
 def test_examples_run_as_written(

@@ -16,7 +16,7 @@ from tests.servers import S3Server, config_dict
 from tests.test_spark import FAST_POLLING, make_topic, stats
 
 #: One JVM serves every Spark test: under pytest-xdist they run in one worker.
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark-2")]
 
 
 def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
