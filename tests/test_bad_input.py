@@ -355,3 +355,19 @@ def test_every_error_of_the_hierarchy_is_exported_from_the_root() -> None:
     }
     assert len(defined) >= 20
     assert sorted(defined - set(pawn_queue_sync.__all__)) == []
+
+
+@pytest.mark.parametrize("settle", ["retry", "nack"])
+def test_a_retry_or_nack_reason_that_is_not_text_is_a_type_error(settle: str) -> None:
+    """``retry(msg, ValueError("x"))`` failed deep inside with "'ValueError' object is not
+    subscriptable"; the message must stay leased and untouched."""
+    from pawn_queue_sync import testing
+
+    with testing.memory_queue(topics=["jobs"]) as pq:
+        pq.register_producer("p").publish("jobs", {"n": 1})
+        consumer = pq.register_consumer("c", ["jobs"])
+        (msg,) = consumer.poll()
+        with pytest.raises(TypeError, match="a str or None"):
+            getattr(consumer, settle)(msg, ValueError("boom"))
+        assert pq.topic_stats("jobs") == {"pending": 1, "leased": 1, "dead_letter": 0}
+        getattr(consumer, settle)(msg, "boom")  # a text is fine

@@ -132,3 +132,19 @@ def test_the_worker_pool_never_imports_the_cli() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "[]\n"), proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-v", "info"], ["info", "-v"], ["-v", "worker", "m:h", "--topic", "t"],
+        ["worker", "m:h", "--topic", "t", "-v"], ["worker", "m:h", "-v", "--topic", "t", "-v"],
+    ],
+)
+def test_verbose_is_taken_before_and_after_every_command(argv: list[str]) -> None:
+    """``pawnq worker ... --verbose`` was a usage error while every other command took
+    ``-v`` after it; counts given before and after add up."""
+    from pawn_queue_sync.cli.parser import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.verbose + getattr(args, "verbose_after", 0) == argv.count("-v")

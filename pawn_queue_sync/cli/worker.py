@@ -85,6 +85,11 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
         "python -m) or a --path DIR.",
     )
     _add_arguments(parser, config_default=argparse.SUPPRESS)
+    # -v after the command too, as every other subcommand takes it (added to a -v
+    # given before it)
+    parser.add_argument("--verbose", "-v", action="count", dest="verbose_after",
+                        default=argparse.SUPPRESS,
+                        help="more logging; errors with their traceback")
     parser.set_defaults(func=run_worker)
     return parser
 

@@ -214,6 +214,7 @@ class Consumer:
     def nack(self, msg: Message, reason: str | None = None) -> None:
         """Write the message to the dead-letter prefix with ``reason``, then delete it
         and its lease. If the dead-letter write fails, nothing is deleted."""
+        _check_text("reason", reason)
         self._source(msg.topic).nack(msg, reason)
 
     def release(self, msg: Message) -> None:
@@ -226,6 +227,7 @@ class Consumer:
         The count travels with the message (an ``attempts`` field), so any consumer
         that takes it next knows its ``delivery_count``.
         """
+        _check_text("error", error)
         self._source(msg.topic).retry(msg, error)
 
     def refresh(self, msg: Message) -> None:
@@ -312,6 +314,14 @@ class Consumer:
     def janitor(self, topic: str | None = None) -> int:
         """Remove stale leases now; returns how many leases are live afterwards."""
         return sum(self._source(t).janitor(t) for t in ([topic] if topic else self._topics))
+
+
+def _check_text(name: str, value: object) -> None:
+    """A settlement's reason is text (it is written into the message): anything else is
+    a TypeError before any request, rather than a failure half-way."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__} "
+                        f"(pass str(exc) or describe_error(exc) for an exception)")
 
 
 def _naming(topic: str, exc: StorageError) -> StorageError:

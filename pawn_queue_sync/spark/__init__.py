@@ -1,7 +1,7 @@
 """Spark integration: DataFrames to topics and back, and the ``pawnqueue`` data source.
 
-Install with the ``spark`` extra (pyspark >= 4.0 and pyarrow; the streaming source
-needs pyspark >= 4.2)::
+Install with the ``spark`` extra (pyspark >= 4.2, which the streaming source needs, and
+pyarrow; batch reads and writes also work on pyspark 4.0)::
 
     from pawn_queue_sync import spark as pqspark
 
