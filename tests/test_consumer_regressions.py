@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from pawn_queue_sync import (
     ConfigError,
     LeaseLostError,
+    Message,
     PawnQueue,
     StorageError,
     layout,
@@ -84,6 +85,18 @@ def memory_queue(strategy: str = "conditional_write", *, store: MemoryStore | No
 
 def objects(pq: PawnQueue, prefix: str) -> list[str]:
     return [o.key for o in pq.store.list(prefix).objects]
+
+
+def one_claimed(visibility_timeout_seconds: float) -> tuple[JumpClock, PawnQueue, Any, Message]:
+    """A memory queue on a :class:`JumpClock` (refresh interval 1 s) with one message
+    published and claimed by consumer ``c``: (clock, queue, consumer, message)."""
+    clock = JumpClock()
+    pq = memory_queue(clock=clock, visibility_timeout_seconds=visibility_timeout_seconds,
+                      lease_refresh_interval_seconds=1)
+    pq.register_producer("p").publish(TOPIC, 1)
+    consumer = pq.register_consumer("c", [TOPIC])
+    (msg,) = consumer.poll()
+    return clock, pq, consumer, msg
 
 
 def consume_all(pq: PawnQueue, consumer: Any, polls: int = 40) -> list[Any]:
@@ -164,12 +177,7 @@ def test_a_late_loss_of_an_old_copy_leaves_the_new_claim_of_the_id_in_flight() -
     next poll reaped it and claimed the message again (a new Message, same id); the
     old copy's refresh then finds the lease lost. Before: settling the old copy removed
     the new one from ``inflight()``."""
-    clock = JumpClock()
-    pq = memory_queue(clock=clock, visibility_timeout_seconds=5,
-                      lease_refresh_interval_seconds=1)
-    pq.register_producer("p").publish(TOPIC, 1)
-    consumer = pq.register_consumer("c", [TOPIC])
-    (old,) = consumer.poll()
+    clock, pq, consumer, old = one_claimed(visibility_timeout_seconds=5)
     clock.jump(8)  # stale by the server's clock: the next poll reaps it
     (new,) = consumer.poll()
     assert (new.id, new is old) == (old.id, False)
@@ -195,12 +203,7 @@ def test_a_visibility_timeout_the_fence_cannot_work_with_is_rejected(visibility:
 
 
 def test_the_least_visibility_timeout_acks_an_old_lease() -> None:
-    clock = JumpClock()
-    pq = memory_queue(clock=clock, visibility_timeout_seconds=3,
-                      lease_refresh_interval_seconds=1)
-    pq.register_producer("p").publish(TOPIC, 1)
-    consumer = pq.register_consumer("c", [TOPIC])
-    (msg,) = consumer.poll()
+    clock, pq, consumer, msg = one_claimed(visibility_timeout_seconds=3)
     clock.jump(2.5)  # past the fence (3 - 2 s) but not stale: re-proven, then deleted
     consumer.ack(msg)
     assert msg.state == "acked"

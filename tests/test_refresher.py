@@ -108,6 +108,20 @@ def claim(pq: PawnQueue, n: int) -> tuple[Any, list[Message]]:
     return consumer, msgs
 
 
+def held_on_a_slow_store(
+    pq: PawnQueue, writes: LeaseWrites, n: int
+) -> tuple[list[Message], list[str], LeaseRefresher]:
+    """*n* messages claimed, lease writes made slow from now on, and a refresher (1 s
+    interval, not started) tracking them all: (messages, lease keys, refresher)."""
+    publish(pq, n)
+    consumer, msgs = claim(pq, n)
+    writes.slow.set()
+    refresher = LeaseRefresher(consumer, interval_seconds=1.0)
+    for msg in msgs:
+        refresher.track(msg)
+    return msgs, [m.lease_key for m in msgs], refresher
+
+
 # -- 1. many leases on a slow store ------------------------------------------------------
 
 
@@ -119,13 +133,7 @@ def test_120_held_leases_on_a_slow_store_are_each_renewed_before_they_could_go_s
     writes = LeaseWrites()
     pq = memory_queue(writes, claim_threads=48)
     try:
-        publish(pq, 120)
-        consumer, msgs = claim(pq, 120)
-        keys = [m.lease_key for m in msgs]
-        writes.slow.set()
-        refresher = LeaseRefresher(consumer, interval_seconds=1.0)
-        for msg in msgs:
-            refresher.track(msg)
+        msgs, keys, refresher = held_on_a_slow_store(pq, writes, 120)
         with refresher:
             # until every lease was renewed twice, or one went a visibility timeout
             # without a write (it could be taken: the old serial refresher does that)
@@ -145,13 +153,7 @@ def test_a_refresher_that_falls_behind_says_so(caplog: pytest.LogCaptureFixture)
     writes = LeaseWrites()
     pq = memory_queue(writes, claim_threads=2)
     try:
-        publish(pq, 30)
-        consumer, msgs = claim(pq, 30)
-        keys = [m.lease_key for m in msgs]
-        writes.slow.set()
-        refresher = LeaseRefresher(consumer, interval_seconds=1.0)
-        for msg in msgs:
-            refresher.track(msg)
+        _msgs, keys, refresher = held_on_a_slow_store(pq, writes, 30)
         with caplog.at_level(logging.WARNING, logger="pawn_queue_sync.runtime.refresher"), \
                 refresher:
             wait_until(lambda: all(writes.count(k) >= 3 for k in keys),
