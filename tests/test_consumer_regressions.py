@@ -87,14 +87,16 @@ def objects(pq: PawnQueue, prefix: str) -> list[str]:
     return [o.key for o in pq.store.list(prefix).objects]
 
 
-def one_claimed(visibility_timeout_seconds: float) -> tuple[JumpClock, PawnQueue, Any, Message]:
+def one_claimed(
+    visibility_timeout_seconds: float, name: str = "c"
+) -> tuple[JumpClock, PawnQueue, Any, Message]:
     """A memory queue on a :class:`JumpClock` (refresh interval 1 s) with one message
-    published and claimed by consumer ``c``: (clock, queue, consumer, message)."""
+    published and claimed by consumer *name*: (clock, queue, consumer, message)."""
     clock = JumpClock()
     pq = memory_queue(clock=clock, visibility_timeout_seconds=visibility_timeout_seconds,
                       lease_refresh_interval_seconds=1)
     pq.register_producer("p").publish(TOPIC, 1)
-    consumer = pq.register_consumer("c", [TOPIC])
+    consumer = pq.register_consumer(name, [TOPIC])
     (msg,) = consumer.poll()
     return clock, pq, consumer, msg
 

@@ -27,6 +27,7 @@ from tests.test_consumer_regressions import (
     JumpClock,
     memory_queue,
     objects,
+    one_claimed,
 )
 
 VISIBILITY = 3
@@ -123,12 +124,7 @@ def test_an_abandoned_delivery_is_counted_once_when_its_reap_fails() -> None:
 
 
 def test_a_refreshed_lease_is_neither_reaped_nor_counted() -> None:
-    clock = JumpClock()
-    pq = memory_queue(clock=clock, visibility_timeout_seconds=VISIBILITY,
-                      lease_refresh_interval_seconds=1)
-    pq.register_producer("p").publish(TOPIC, 1)
-    holder = pq.register_consumer("c0", [TOPIC])
-    (msg,) = holder.poll()
+    clock, pq, _holder, msg = one_claimed(VISIBILITY, "c0")
     clock.jump(2)
     msg.refresh()
     clock.jump(2.5)  # 4.5 s after the claim, 2.5 s after the refresh: live
