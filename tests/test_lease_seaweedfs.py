@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import pytest
 
-from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, layout, load_config
+from pawn_queue_sync import LeaseLostError, Message, PawnQueue, StorageError, layout, load_config
 from pawn_queue_sync.clock import SystemClock
 from pawn_queue_sync.protocol.lease import is_stale
 from pawn_queue_sync.storage.base import Store
@@ -414,42 +414,41 @@ def test_2_csprng_a_competitor_within_the_bound_loses(site):
     assert pending(b_store) == 0 and leases(b_store) == {}
 
 
+def a_claims_while_b_put_is_late(
+    site: Site, strategy: str
+) -> tuple[str, list[Message], list[Message], Scripted]:
+    """One message; B lists it and finds its lease key free, then its lease PUT is held
+    until A has finished a whole poll. Returns (message id, A's poll, B's poll, B's store)."""
+    producer_q, _ = site.queue(strategy)
+    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 2})
+    a, _a_store = site.consumer(strategy, "a")
+    b, b_store = site.consumer(strategy, "b")
+    b_at_put, a_done = threading.Event(), threading.Event()
+    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, a_done))
+    with ThreadPoolExecutor(1) as pool:
+        b_poll = pool.submit(b.poll)
+        wait(b_at_put, "B to list the message and find its lease key free")
+        got_a = a.poll()
+        a_done.set()
+        got_b = b_poll.result(DEADLINE)
+    return mid, got_a, got_b, b_store
+
+
 def test_2_csprng_a_competitor_beyond_the_bound_duplicates_documented(site):
     """The limit of csprng_verify, on the real server (see docs/guarantees.md and the
     simulated counterexample in test_protocol_csprng.py): B saw the key free, but its
     PUT lands only after A finished its whole claim. B overwrites A's live lease and
     both hold the message. Only a server with If-None-Match (conditional_write)
     rules this out; with csprng_verify, jitter_min_ms must exceed such delays."""
-    producer_q, _ = site.queue("csprng_verify")
-    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 2})
-    a, _a_store = site.consumer("csprng_verify", "a")
-    b, b_store = site.consumer("csprng_verify", "b")
-    b_at_put, a_done = threading.Event(), threading.Event()
-    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, a_done))
-    with ThreadPoolExecutor(1) as pool:
-        b_poll = pool.submit(b.poll)
-        wait(b_at_put, "B to find the key free")
-        got_a = a.poll()
-        a_done.set()
-        got_b = b_poll.result(DEADLINE)
+    mid, got_a, got_b, b_store = a_claims_while_b_put_is_late(site, "csprng_verify")
     assert [m.id for m in got_a] == [m.id for m in got_b] == [mid]  # the duplicate
     assert leases(b_store) == {mid: got_b[0].lease_token}  # B's bytes replaced A's
 
 
 def test_2_conditional_write_the_same_late_put_loses(site):
     """The schedule of the test above on conditional_write: B's late PUT fails."""
-    producer_q, _ = site.queue("conditional_write")
-    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 2})
-    a, _a_store = site.consumer("conditional_write", "a")
-    b, b_store = site.consumer("conditional_write", "b")
-    b_at_put, a_done = threading.Event(), threading.Event()
-    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, a_done))
-    with ThreadPoolExecutor(1) as pool:
-        b_poll = pool.submit(b.poll)
-        wait(b_at_put, "B to list the message")
-        got_a = a.poll()
-        a_done.set()
-        assert b_poll.result(DEADLINE) == []
+    mid, got_a, got_b, b_store = a_claims_while_b_put_is_late(site, "conditional_write")
+    assert got_b == []
     assert [m.id for m in got_a] == [mid]
     assert leases(b_store) == {mid: got_a[0].lease_token}
 

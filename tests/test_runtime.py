@@ -92,6 +92,15 @@ def publish(pq: PawnQueue, n: int) -> list[str]:
     return pq.register_producer("producer").publish_batch(TOPIC, [{"n": i} for i in range(n)])
 
 
+def run_until(listener: Listener, reached: threading.Event) -> None:
+    """Run *listener* on a thread until *reached* is set, then stop it and wait for
+    ``run()`` to return."""
+    runner = run_in_thread(listener.run)
+    assert reached.wait(DEADLINE)
+    listener.stop()
+    join(runner)
+
+
 def runtime_threads() -> list[str]:
     """Names of runtime threads alive (listener, refresher, handlers, settler, poll)."""
     return [
@@ -172,10 +181,7 @@ def test_handler_failing_twice_then_succeeding_is_retried_and_acked() -> None:
 
         listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=2,
                             retry_backoff_seconds=0.2)
-        runner = run_in_thread(listener.run)
-        assert succeeded.wait(DEADLINE)
-        listener.stop()
-        join(runner)
+        run_until(listener, succeeded)
         assert [n for n, _ in seen] == [1, 2, 3]
         assert seen[1][1].startswith("RuntimeError: transient failure #1")
         assert seen[2][1].startswith("RuntimeError: transient failure #2")
@@ -273,10 +279,7 @@ def test_stop_during_load_loses_nothing(
 
         listener = Listener(pq_a.register_consumer("worker", [TOPIC]), handler_a,
                             max_workers=8, ack_flush_interval_seconds=DEADLINE, ack_batch_size=1000)
-        runner = run_in_thread(listener.run)
-        assert rec_a.reached.wait(DEADLINE)
-        listener.stop()  # under load: 8 handlers busy, a poll possibly under way
-        join(runner)
+        run_until(listener, rec_a.reached)  # under load: 8 handlers busy, a poll possibly under way
         assert runtime_threads() == []
         handled_a = set(rec_a.handled)
         assert len(handled_a) == len(rec_a.handled) == listener.stats.processed
@@ -534,10 +537,7 @@ def test_store_errors_in_the_poll_thread_are_retried_not_fatal(
             rec.done(msg)
 
         listener = Listener(pq.register_consumer("c", [TOPIC]), handler, max_workers=4)
-        runner = run_in_thread(listener.run)
-        assert rec.reached.wait(DEADLINE)
-        listener.stop()
-        join(runner)
+        run_until(listener, rec.reached)
         assert listener.stats.poll_errors == 3
         assert set(rec.deliveries) == set(ids) and max(rec.deliveries.values()) == 1
     finally:
@@ -602,10 +602,7 @@ def test_retry_backoff_does_not_block_a_worker(mem_queue: PawnQueue) -> None:
 
     listener = Listener(mem_queue.register_consumer("c", [TOPIC]), handler, max_workers=1,
                         retry_backoff_seconds=1.0)
-    runner = run_in_thread(listener.run)
-    assert both.wait(DEADLINE)
-    listener.stop()
-    join(runner)
+    run_until(listener, both)
     assert order == [(first, 1), (second, 1), (first, 2)]
 
 
