@@ -147,18 +147,19 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _spawn(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run *cmd* in :func:`_clean_env`, its output captured as text; the exit status is
+    the caller's to judge (``check=False``). *kw* goes to :func:`subprocess.run`."""
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env(), check=False,
+        **kw,
+    )
+
+
 def _run(cmd: list[str], what: str, timeout: float = INSTALL_TIMEOUT) -> str:
     """Run *cmd*; return its stdout or raise :class:`InteropError` with its output."""
     try:
-        proc = subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=_clean_env(),
-            check=False,
-        )
+        proc = _spawn(cmd, timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise InteropError(f"{what}: timed out after {timeout:.0f} s: {cmd}") from exc
     if proc.returncode != 0:
@@ -286,16 +287,7 @@ def run_pawnqueue(
         path.write_text(PRELUDE + script)
         cmd = [str(python), "-I", str(path)]
         try:
-            proc = subprocess.run(
-                cmd,
-                input=payload,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=tmp,
-                env=_clean_env(),
-                check=False,
-            )
+            proc = _spawn(cmd, timeout, input=payload, cwd=tmp)
         except subprocess.TimeoutExpired as exc:
             raise InteropError(
                 f"pawn-queue script timed out after {timeout:.0f} s\n"

@@ -15,7 +15,7 @@ import os
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,20 @@ def make_topic(cfg: dict[str, Any], topic: str, payloads: list[Any] | None = Non
         pq.create_topic(topic)
         if payloads:
             pq.register_producer("test").publish_batch(topic, payloads, threads=16)
+
+
+def run_available_now(spark: SparkSession, cfg: dict[str, Any], topic: str, per_batch: int,
+                      checkpoint: str, collect: Callable[[Any, int], None]) -> None:
+    """One availableNow run of a pawnqueue stream of *topic* (*per_batch* messages a
+    batch) into ``foreachBatch(collect)``, checkpointed at *checkpoint*; the query must
+    end without an exception."""
+    stream = (spark.readStream.format("pawnqueue").option("topic", topic)
+              .options(**spark_options(cfg)).option("maxMessagesPerBatch", str(per_batch))
+              .load())
+    query = (stream.writeStream.foreachBatch(collect)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert query.exception() is None
 
 
 def stats(cfg: dict[str, Any], topic: str) -> dict[str, int]:
@@ -356,12 +370,7 @@ def test_stream_available_now_twice_sees_only_new_messages(
 
     def run() -> list[tuple[int, list[int]]]:
         batches.clear()
-        stream = (spark.readStream.format("pawnqueue").option("topic", "events")
-                  .options(**spark_options(cfg)).option("maxMessagesPerBatch", "40").load())
-        query = (stream.writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert query.exception() is None
+        run_available_now(spark, cfg, "events", 40, checkpoint, collect)
         return list(batches)
 
     first = run()
@@ -464,12 +473,7 @@ def test_stream_straggler_batch_is_not_redelivered(
 
     def run() -> list[list[str]]:
         batches.clear()
-        stream = (spark.readStream.format("pawnqueue").option("topic", "strag")
-                  .options(**spark_options(cfg)).option("maxMessagesPerBatch", "2").load())
-        query = (stream.writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert query.exception() is None
+        run_available_now(spark, cfg, "strag", 2, checkpoint, collect)
         return list(batches)
 
     assert run() == [["m0", "m1"]]
