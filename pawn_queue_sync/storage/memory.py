@@ -67,6 +67,17 @@ class MemoryStore:
         if self._hooks is not None:
             self._hooks(op, key)
 
+    def _existing(self, op: str, key: str) -> _Object:
+        """The object at ``key``, read for ``op`` after the key check and the hook.
+        Raises ObjectNotFound."""
+        self._check_key(key)
+        self._before(op, key)
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise ObjectNotFound("no such key", key=key)
+        return obj
+
     @staticmethod
     def _check_key(key: object) -> str:
         """Reject what no S3 server accepts as a key."""
@@ -107,12 +118,7 @@ class MemoryStore:
 
     def get(self, key: str) -> GetResult:
         """Read a whole object. Raises ObjectNotFound."""
-        self._check_key(key)
-        self._before("get", key)
-        with self._lock:
-            obj = self._objects.get(key)
-        if obj is None:
-            raise ObjectNotFound("no such key", key=key)
+        obj = self._existing("get", key)
         return GetResult(
             key=key,
             body=obj.body,
@@ -123,12 +129,7 @@ class MemoryStore:
 
     def head(self, key: str) -> ObjectInfo:
         """Read an object's metadata. Raises ObjectNotFound."""
-        self._check_key(key)
-        self._before("head", key)
-        with self._lock:
-            obj = self._objects.get(key)
-        if obj is None:
-            raise ObjectNotFound("no such key", key=key)
+        obj = self._existing("head", key)
         return ObjectInfo(
             key=key, etag=obj.etag, size=len(obj.body), last_modified=obj.last_modified
         )
