@@ -10,20 +10,18 @@ from __future__ import annotations
 import pickle
 import traceback
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import boto3
-import botocore.session
 import pytest
-from botocore.credentials import CredentialProvider, RefreshableCredentials
 
 from pawn_queue_sync import PawnQueue, load_config
 from pawn_queue_sync.errors import ConfigError, StoreNotPortable, StoreUnavailable
 from pawn_queue_sync.storage.factory import build_store
 from pawn_queue_sync.storage.s3 import S3Store
 
+from .credentials import ExpiringCredentials, keyless_config, session_of
 from .forking import in_child
 from .servers import (
     ACCESS_KEY,
@@ -37,13 +35,6 @@ from .servers import (
 )
 
 FAST = pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "boto3"])
-
-
-def _keyless_config(server: S3Server, bucket: str, *, fast: bool = True) -> Any:
-    """The library's settings without credentials: they must come from the session."""
-    raw = config_dict(server, bucket, s3={"fast_path": fast})
-    del raw["s3"]["aws_access_key_id"], raw["s3"]["aws_secret_access_key"]
-    return load_config(raw)
 
 
 def _round_trip(pq: PawnQueue, topic: str = "jobs") -> None:
@@ -67,7 +58,7 @@ def test_a_session_s_credentials_sign_the_requests(
     """A session with the admin keys and settings without any: the queue works, on the
     fast path too, and a session with a wrong secret is refused at setup (so the
     session's credentials, not any others, are what signs)."""
-    cfg = _keyless_config(real_s3, real_bucket, fast=fast)
+    cfg = keyless_config(real_s3, real_bucket, fast=fast)
     session = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
     with PawnQueue.from_config(cfg, session=session) as pq:
         assert pq.store.fast_path is fast  # type: ignore[attr-defined]
@@ -83,7 +74,7 @@ def test_a_read_only_session_fails_at_setup_after_an_admin_one(
     """The probe's cached result is per identity: a read-only session's queue is
     refused at setup even in a process whose admin session probed the bucket, and its
     secret shows nowhere in the error."""
-    cfg = _keyless_config(real_s3, real_bucket)
+    cfg = keyless_config(real_s3, real_bucket)
     admin = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
     with PawnQueue.from_config(cfg, session=admin) as pq:
         pq.create_topic("orders")
@@ -113,14 +104,13 @@ def test_a_profile_session_works_on_every_server(
 ) -> None:
     """``boto3.Session(profile_name=...)``: the profile's keys sign (SeaweedFS checks
     them; moto takes any), nothing about credentials in the settings."""
-    cfg = _keyless_config(s3_server, bucket)
+    cfg = keyless_config(s3_server, bucket)
     with PawnQueue.from_config(cfg, session=boto3.Session(profile_name=aws_profile)) as pq:
         _round_trip(pq)
 
 
-class _Rotating(CredentialProvider):
-    """Credentials that expire within botocore's mandatory refresh window, so every
-    request reads them again from ``keys`` (which a test changes)."""
+class _Rotating(ExpiringCredentials):
+    """Credentials read again at every request from ``keys`` (which a test changes)."""
 
     METHOD = "test-rotating"
 
@@ -129,15 +119,9 @@ class _Rotating(CredentialProvider):
         self.keys = keys
         self.refreshes = 0
 
-    def _metadata(self) -> dict[str, str]:
+    def current(self) -> dict[str, str]:
         self.refreshes += 1
-        expiry = datetime.now(timezone.utc) + timedelta(minutes=1)
-        return {**self.keys, "token": "", "expiry_time": expiry.isoformat()}
-
-    def load(self) -> RefreshableCredentials:
-        return RefreshableCredentials.create_from_metadata(
-            self._metadata(), refresh_using=self._metadata, method=self.METHOD
-        )
+        return self.keys
 
 
 @FAST
@@ -148,10 +132,8 @@ def test_refreshable_credentials_are_read_again_not_frozen(
     identity, writes are refused and reads still work; changed back, writes work. A
     store that froze the credentials it started with would go on writing."""
     rotating = _Rotating({"access_key": ACCESS_KEY, "secret_key": SECRET_KEY})
-    core = botocore.session.Session()
-    core.get_component("credential_provider").insert_before("env", rotating)
-    session = boto3.Session(botocore_session=core)
-    store = build_store(_keyless_config(real_s3, real_bucket, fast=fast), session=session)
+    session = session_of(rotating)
+    store = build_store(keyless_config(real_s3, real_bucket, fast=fast), session=session)
     try:
         assert store.fast_path is fast  # type: ignore[attr-defined]
         store.put("k/1", b"{}")
@@ -172,7 +154,7 @@ def test_a_session_store_rebuilds_its_client_in_a_forked_child(
     """After a fork the child builds its own client from the same session (the
     parent's connections stay the parent's) and its requests are signed by it."""
     session = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
-    store = build_store(_keyless_config(real_s3, real_bucket), session=session)
+    store = build_store(keyless_config(real_s3, real_bucket), session=session)
     try:
         store.put("t/parent", b"{}")
         parent_client = store._client()  # type: ignore[attr-defined]
@@ -192,7 +174,7 @@ def test_a_session_store_does_not_pickle(real_s3: S3Server, real_bucket: str) ->
     store that quietly signs with other credentials elsewhere. A store from settings
     still pickles (only its settings travel)."""
     session = boto3.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
-    cfg = _keyless_config(real_s3, real_bucket)
+    cfg = keyless_config(real_s3, real_bucket)
     store = S3Store(cfg.s3, session=session)
     with pytest.raises(StoreNotPortable, match="pickled"):
         pickle.dumps(store)
@@ -225,7 +207,7 @@ def test_a_given_client_is_used_and_left_open(
         seen.append(request.method)
 
     own_client.meta.events.register("before-send.s3", count)
-    with PawnQueue.from_config(_keyless_config(s3_server, bucket), client=own_client) as pq:
+    with PawnQueue.from_config(keyless_config(s3_server, bucket), client=own_client) as pq:
         assert pq.store.fast_path  # type: ignore[attr-defined]
         _round_trip(pq)
     assert {"PUT", "GET", "DELETE"} <= set(seen)
@@ -237,7 +219,7 @@ def test_a_given_client_never_crosses_a_fork(
 ) -> None:
     """In a forked child the caller's client (its connections are the parent's) is not
     used: a typed error says to build the store in the child; the parent goes on."""
-    store = build_store(_keyless_config(s3_server, bucket), client=own_client)
+    store = build_store(keyless_config(s3_server, bucket), client=own_client)
     try:
         store.put("t/parent", b"{}")
 
@@ -263,5 +245,5 @@ def test_session_and_client_need_an_s3_store_and_not_both(
     with pytest.raises(ConfigError):
         build_store(local, client=own_client)
     with pytest.raises(ConfigError):
-        build_store(_keyless_config(s3_server, bucket), session=boto3.Session(),
+        build_store(keyless_config(s3_server, bucket), session=boto3.Session(),
                     client=own_client)

@@ -9,41 +9,29 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import boto3
-import botocore.session
 import pytest
-from botocore.credentials import CredentialProvider, RefreshableCredentials
 
 from pawn_queue_sync import PawnQueue, load_config
 from pawn_queue_sync.errors import ConfigError
 from pawn_queue_sync.storage.factory import build_store
 from pawn_queue_sync.storage.s3 import S3Store
 
+from .credentials import ExpiringCredentials, keyless_config, session_of
 from .forking import exit_code_of_child
-from .servers import ACCESS_KEY, REGION, SECRET_KEY, S3Server, closed_port, config_dict
+from .servers import ACCESS_KEY, REGION, SECRET_KEY, S3Server, closed_port
 
 FAST = pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "boto3"])
 
 
-def _keyless(server: S3Server, bucket: str, *, fast: bool) -> Any:
-    raw = config_dict(server, bucket, s3={"fast_path": fast})
-    del raw["s3"]["aws_access_key_id"], raw["s3"]["aws_secret_access_key"]
-    return load_config(raw)
-
-
-def _session_of(provider: CredentialProvider) -> Any:
-    core = botocore.session.Session()
-    core.get_component("credential_provider").insert_before("env", provider)
-    return boto3.Session(botocore_session=core)
 
 
 # ------------------------------------------------------- fork during a refresh
 
 
-class _HeldRefresh(CredentialProvider):
+class _HeldRefresh(ExpiringCredentials):
     """Credentials always due for a (mandatory, locked) refresh; once ``hold`` is
     set, the next refresh stops inside the lock until ``release`` (an STS call that
     takes a while)."""
@@ -56,19 +44,12 @@ class _HeldRefresh(CredentialProvider):
         self.in_refresh = threading.Event()
         self.release = threading.Event()
 
-    def _metadata(self) -> dict[str, str]:
+    def current(self) -> dict[str, str]:
         if self.hold:
             self.hold = False  # a forked child inherits False: its refresh goes through
             self.in_refresh.set()
             self.release.wait()
-        expiry = datetime.now(timezone.utc) + timedelta(minutes=1)
-        return {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "token": "",
-                "expiry_time": expiry.isoformat()}
-
-    def load(self) -> RefreshableCredentials:
-        return RefreshableCredentials.create_from_metadata(
-            self._metadata(), refresh_using=self._metadata, method=self.METHOD
-        )
+        return {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY}
 
 
 @FAST
@@ -79,8 +60,8 @@ def test_a_fork_during_a_credential_refresh_does_not_hang_the_child(
     thread does not exist in the child, which must still sign its requests (its own
     refresh) instead of waiting for the lock forever."""
     provider = _HeldRefresh()
-    session = _session_of(provider)
-    store = build_store(_keyless(real_s3, real_bucket, fast=fast), session=session)
+    session = session_of(provider)
+    store = build_store(keyless_config(real_s3, real_bucket, fast=fast), session=session)
     refresher = threading.Thread(
         target=lambda: session.get_credentials().get_frozen_credentials(), daemon=True
     )
@@ -109,7 +90,7 @@ def test_a_fork_during_a_credential_refresh_does_not_hang_the_child(
 # ------------------------------------------------------- rotating credentials
 
 
-class _Tokens(CredentialProvider):
+class _Tokens(ExpiringCredentials):
     """Credentials with a new key pair and session token at every refresh (each
     request: they expire within botocore's mandatory window); records all it issued."""
 
@@ -120,19 +101,13 @@ class _Tokens(CredentialProvider):
         self.issued: list[str] = []
         self._lock = threading.Lock()
 
-    def _metadata(self) -> dict[str, str]:
+    def current(self) -> dict[str, str]:
         with self._lock:
             n = len(self.issued) // 3 + 1
             keys = {"access_key": f"AKIAROTATING{n:08d}", "secret_key": f"rotating-secret-{n}-x",
                     "token": f"SESSIONTOKEN-SECRET-{n}-abcdef/+="}
             self.issued.extend(keys.values())
-        expiry = datetime.now(timezone.utc) + timedelta(minutes=1)
-        return {**keys, "expiry_time": expiry.isoformat()}
-
-    def load(self) -> RefreshableCredentials:
-        return RefreshableCredentials.create_from_metadata(
-            self._metadata(), refresh_using=self._metadata, method=self.METHOD
-        )
+        return keys
 
 
 @FAST
@@ -143,7 +118,7 @@ def test_every_credential_signed_with_is_masked_in_the_debug_log(
     credentials refreshed after the client was built are masked there too."""
     provider = _Tokens()
     bucket = moto_s3.make_bucket()
-    store = S3Store(_keyless(moto_s3, bucket, fast=fast).s3, session=_session_of(provider))
+    store = S3Store(keyless_config(moto_s3, bucket, fast=fast).s3, session=session_of(provider))
     caplog.set_level(logging.DEBUG)
     try:
         for i in range(3):
