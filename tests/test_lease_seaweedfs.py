@@ -364,17 +364,29 @@ def test_csprng_batch_costs_about_two_requests_per_message(site):
     assert pending(store) == 0 and leases(store) == {}
 
 
+def b_put_held(
+    site: Site, strategy: str, n: int, release: threading.Event
+) -> tuple[str, tuple[Any, Scripted], tuple[Any, Scripted], threading.Event]:
+    """One message (payload ``{"n": n}``) and consumers A and B on queues of their
+    own; B's lease PUTs wait, once B reaches one (the event returned is then set),
+    until *release* is set. Returns (message id, (A, A's store), (B, B's store), that
+    event)."""
+    producer_q, _ = site.queue(strategy)
+    mid = producer_q.register_producer("p").publish(TOPIC, {"n": n})
+    a, a_store = site.consumer(strategy, "a")
+    b, b_store = site.consumer(strategy, "b")
+    b_at_put = threading.Event()
+    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, release))
+    return mid, (a, a_store), (b, b_store), b_at_put
+
+
 # -- defect 1: a delayed claim after the message was claimed and acked ----------------------
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_1_a_claim_delayed_past_another_consumers_ack_gets_nothing(site, strategy):
-    producer_q, _ = site.queue(strategy)
-    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 1})
-    a, _a_store = site.consumer(strategy, "a")
-    b, b_store = site.consumer(strategy, "b")
-    b_at_put, go_b = threading.Event(), threading.Event()
-    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, go_b))
+    go_b = threading.Event()
+    mid, (a, _a_store), (b, b_store), b_at_put = b_put_held(site, strategy, 1, go_b)
     with ThreadPoolExecutor(1) as pool:
         b_poll = pool.submit(b.poll)
         wait(b_at_put, "B to list the message and start its lease PUT")
@@ -396,12 +408,8 @@ def test_1_a_claim_delayed_past_another_consumers_ack_gets_nothing(site, strateg
 def test_2_csprng_a_competitor_within_the_bound_loses(site):
     """B checks the key (free) before A writes, and its PUT lands just after A's: well
     inside A's verify window. A sees B's bytes and backs off; one winner."""
-    producer_q, _ = site.queue("csprng_verify")
-    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 2})
-    a, a_store = site.consumer("csprng_verify", "a")
-    b, b_store = site.consumer("csprng_verify", "b")
-    b_at_put, a_wrote = threading.Event(), threading.Event()
-    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, a_wrote))
+    a_wrote = threading.Event()
+    mid, (a, a_store), (b, b_store), b_at_put = b_put_held(site, "csprng_verify", 2, a_wrote)
     a_store.on("put", layout.leases_prefix(TOPIC), after=a_wrote.set)
     with ThreadPoolExecutor(2) as pool:
         b_poll = pool.submit(b.poll)
@@ -419,12 +427,8 @@ def a_claims_while_b_put_is_late(
 ) -> tuple[str, list[Message], list[Message], Scripted]:
     """One message; B lists it and finds its lease key free, then its lease PUT is held
     until A has finished a whole poll. Returns (message id, A's poll, B's poll, B's store)."""
-    producer_q, _ = site.queue(strategy)
-    mid = producer_q.register_producer("p").publish(TOPIC, {"n": 2})
-    a, _a_store = site.consumer(strategy, "a")
-    b, b_store = site.consumer(strategy, "b")
-    b_at_put, a_done = threading.Event(), threading.Event()
-    b_store.on("put", layout.leases_prefix(TOPIC), before=hold_until(b_at_put, a_done))
+    a_done = threading.Event()
+    mid, (a, _a_store), (b, b_store), b_at_put = b_put_held(site, strategy, 2, a_done)
     with ThreadPoolExecutor(1) as pool:
         b_poll = pool.submit(b.poll)
         wait(b_at_put, "B to list the message and find its lease key free")
