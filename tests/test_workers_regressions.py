@@ -7,6 +7,7 @@ Handlers record deliveries through :mod:`tests.runtime_handlers` (one file per p
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -262,5 +263,82 @@ def test_pawnq_worker_imports_the_handler_from_the_working_directory(tmp_path: P
         handled = [n.split(".") for n in os.listdir(out_dir)]
         assert {mid for mid, _ in handled} == ids
         assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}
+    finally:
+        pq.close()
+
+
+# -- 5. a stop while children are still starting: they stop cleanly ---------------------------
+
+
+#: Runs at interpreter start in every spawned child (first on PYTHONPATH), before any of
+#: our code: while $PAWNQ_TEST_START_GATE is set, it says it started and waits until
+#: the test opens the gate, so the children stay in their slow start deterministically.
+SLOW_START = textwrap.dedent('''
+    import os
+    import time
+
+    _gate = os.environ.get("PAWNQ_TEST_START_GATE")
+    if _gate:
+        open(os.path.join(_gate, f"entered.{os.getpid()}"), "w").close()
+        _until = time.monotonic() + 120  # never hang a child forever
+        while not os.path.exists(os.path.join(_gate, "open")) and time.monotonic() < _until:
+            time.sleep(0.02)
+''')
+
+
+def test_a_stop_while_the_children_start_stops_them_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pool blocked SIGINT/SIGTERM around ``proc.start()`` believing the child
+    inherits the blocked mask, but a spawn child is a fresh exec'd interpreter with an
+    empty mask: a stop during its start (interpreter start, unpickling, imports) relayed
+    SIGTERM and killed it before it installed its handlers (exit -15), and the pool
+    exited 1 ("worker exit codes: [-15, -15]") although nothing had gone wrong."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text(SLOW_START)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(site_dir), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("PAWNQ_TEST_START_GATE", str(gate))
+    monkeypatch.setenv("PAWNQ_TEST_RECORD_DIR", str(record_dir))
+    caplog.set_level(logging.INFO, logger="pawn_queue_sync.workers")
+    cfg = local_config(tmp_path / "store")
+    pq, ids = open_topic(cfg, publish=6)
+    try:
+        pool = WorkerPool(cfg, [TOPIC], "tests.runtime_handlers:record", processes=2,
+                          threads=1, shutdown_timeout_seconds=5,
+                          install_signal_handlers=False)
+        statuses: list[int] = []
+        runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
+        runner.start()
+        try:
+            # both children exist and are inside their slow start
+            wait_for(lambda: len(pool.worker_pids()) == 2
+                     and {f"entered.{p}" for p in pool.worker_pids().values()}
+                     <= {p.name for p in gate.iterdir()}, "2 children starting")
+            pool.stop()
+            # the pool has acted on the stop: it says so, or the children died of it
+            wait_for(lambda: not pool.worker_pids() or any(
+                "still starting" in r.getMessage() for r in caplog.records),
+                "the pool acting on the stop")
+        finally:
+            (gate / "open").touch()
+            runner.join(DEADLINE)
+            if runner.is_alive():
+                pool.stop(hard=True)
+                runner.join(DEADLINE)
+        exits = [r.args for r in caplog.records
+                 if r.name == "pawn_queue_sync.workers" and r.msg.startswith("worker %d (pid")]
+        assert statuses == [RET_OK], (exits, caplog.text)
+        assert sorted((index, code) for index, _, code in exits) == [(0, 0), (1, 0)]
+        assert pool.killed == 0 and pool.restarts == 0
+        handled = records(record_dir, "done")
+        assert max(handled.values(), default=1) == 1  # nothing handled twice
+        left = {m.id for m in pq.register_consumer("check", [TOPIC]).poll(10)}
+        assert left == ids - set(handled)  # nothing lost
     finally:
         pq.close()

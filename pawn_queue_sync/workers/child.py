@@ -29,6 +29,7 @@ from .common import (
     RET_IMPORT,
     RET_KILLED,
     HandlerImportError,
+    arm,
     import_handler,
 )
 
@@ -87,9 +88,13 @@ def _checked_listener_options(
     return options
 
 
-def _child_main(spec: _ChildSpec, ready: Any = None) -> None:
+def _child_main(spec: _ChildSpec, ready: Any = None, stopping: Any = None,
+                armed: Any = None) -> None:
     """Entry point of a worker process (runs in a fresh interpreter). ``ready`` (shared
-    memory) is set to 1 after the first successful poll: the worker has started."""
+    memory) is set to 1 after the first successful poll: the worker has started.
+    ``armed`` is set once our signal handlers are installed: until then the pool sends
+    us no signal (its default action would kill us); if the pool's ``stopping`` flag
+    was set before that, we exit at once (0)."""
     listener: Listener | None = None
     stop_asked = False
 
@@ -101,9 +106,13 @@ def _child_main(spec: _ChildSpec, ready: Any = None) -> None:
 
     for s in _SIGNALS:
         signal.signal(s, on_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # blocked by the parent at start
+    # pending if they came while the parent blocked them around our start (see pool._start)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
     _setup_child_logging(spec.log_level)
     name = spec.consumer_name  # ours alone: <pool's consumer_name>/<index>
+    if stopping is not None and armed is not None and arm(stopping, armed):
+        log.info("worker %s: the pool stopped while it started: exiting", name)
+        return
     try:
         handler = import_handler(spec.handler)
     except HandlerImportError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -48,6 +48,36 @@ _READY_CHECK_S = 0.05
 KILL_GRACE_S = 10.0
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: How long the supervisor waits for the stop gate's lock (held for microseconds by a
+#: child arming itself) before it signals every live child as if all were armed.
+_GATE_TIMEOUT_S = 5.0
+
+
+def arm(stopping: Any, armed: Any) -> bool:
+    """Called by a child once its signal handlers are installed: mark it ``armed``
+    (the supervisor may now signal it) and say whether the pool is already stopping.
+    Under ``stopping``'s lock, as :func:`request_stop`: either the child sees the stop
+    or the supervisor sees the child armed (and signals it), never neither."""
+    with stopping.get_lock():
+        armed.value = 1
+        return bool(stopping.value)
+
+
+def request_stop(stopping: Any, armed: Sequence[Any]) -> list[bool] | None:
+    """Called by the supervisor at its first stop request: set ``stopping`` and say
+    which children (``armed`` flags) are armed, to be signalled; the others stop as
+    they arm. None if the lock could not be taken (a child killed while arming):
+    signal every child."""
+    lock = stopping.get_lock()
+    if not lock.acquire(timeout=_GATE_TIMEOUT_S):
+        stopping.value = 1
+        return None
+    try:
+        stopping.value = 1
+        return [bool(a.value) for a in armed]
+    finally:
+        lock.release()
 
 
 #: The registry's limit on a consumer name (see queue.registry.register).

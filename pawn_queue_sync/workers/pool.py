@@ -22,12 +22,18 @@ in-flight handlers, release unstarted messages, flush acks); a second one, or ch
 still alive ``shutdown_timeout_seconds`` + ``KILL_GRACE_S`` seconds later, stops them hard with
 SIGKILL (counted in ``killed``).
 
-As in dramatiq's CLI, SIGINT and SIGTERM are blocked while a child starts, so a signal
-arriving then waits until the child has installed its handlers instead of killing it
-half-started. Each process (supervisor and children) makes its self-pipe the signal
-wakeup fd: a signal the kernel hands to a thread other than the main one (Ctrl-C sends
-SIGINT to the whole process group while the supervisor relays SIGTERM, so a child gets
-both at once) still wakes the main thread, which is where Python runs the handler.
+A child starting (interpreter start, unpickling, imports: up to a second or more under
+load) has no signal handlers yet, and a spawn child does not reliably inherit a blocked
+signal mask, so the supervisor never signals it then: each child sets its ``armed``
+flag once its handlers are installed, then checks the pool's ``stopping`` flag (and
+exits at once, status 0, if set); at a stop the supervisor sets ``stopping`` first,
+then sends SIGTERM to the armed children only. Both steps run under one lock, so
+either the child sees the stop or the supervisor sees the child armed.
+
+Each process (supervisor and children) makes its self-pipe the signal wakeup fd: a
+signal the kernel hands to a thread other than the main one (Ctrl-C sends SIGINT to the
+whole process group while the supervisor relays SIGTERM, so a child gets both at once)
+still wakes the main thread, which is where Python runs the handler.
 
 Each child registers a consumer of its own, ``<consumer_name>/<index>``
 (:func:`child_consumer_name`): the registry rank that spreads csprng_verify claims
@@ -46,6 +52,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import resource_tracker
 from typing import Any
 
 import attrs
@@ -71,6 +78,7 @@ from .common import (
     HandlerImportError,
     child_consumer_name,
     import_handler,
+    request_stop,
 )
 
 log = logging.getLogger("pawn_queue_sync.workers")
@@ -90,6 +98,8 @@ class _Slot:
     #: set to 1 by the running process after its first successful poll (shared memory)
     ready: Any = None
     restart_at: float | None = None
+    #: set to 1 by the running process once its signal handlers are installed (shared)
+    armed: Any = None
     exitcode: int | None = None  # exit code after a stop request
 
 
@@ -182,6 +192,8 @@ class WorkerPool:
         self._clock: Clock = SYSTEM_CLOCK
         self._stop_requests = 0  # plain int: bumped by stop(), maybe in a signal handler
         self._slots: list[_Slot] = []
+        #: set to 1 (under its lock) at the first stop request; children check it as they arm
+        self._stopping: Any = None
         self._lock = threading.Lock()
         self._ran = False
         #: set by the supervisor when a worker position kept failing to start
@@ -290,18 +302,27 @@ class WorkerPool:
 
     def _start(self, slot: _Slot) -> None:
         ready = self._mp.RawValue("b", 0)
+        armed = self._mp.RawValue("b", 0)
         proc = self._mp.Process(
-            target=_child_main, args=(self._spec(slot.index), ready),
+            target=_child_main, args=(self._spec(slot.index), ready, self._stopping, armed),
             name=f"pawnq-worker-{slot.index}",
         )
+        # Not what keeps a starting child alive at a stop (the armed flag does): only
+        # for signals sent to the whole process group (Ctrl-C) while it starts. A spawn
+        # child inherits this mask only if multiprocessing's resource tracker already
+        # runs (starting it unblocks both signals: hence ensure_running first); a
+        # forkserver child never does. The child unblocks them once its handlers exist.
+        if self._mp.get_start_method() == "spawn":
+            resource_tracker.ensure_running()
         old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
-            proc.start()  # the child inherits the blocked mask and unblocks when ready
+            proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         with self._lock:
             slot.process = proc
             slot.ready = ready
+            slot.armed = armed
             slot.started_at = self._clock.monotonic()
             slot.restart_at = None
             slot.exitcode = None
@@ -311,6 +332,7 @@ class WorkerPool:
         log.info("starting %d worker process(es) x %d thread(s) for %s on %s",
                  self._processes, self._threads, self._handler, ", ".join(self._topics))
         self._slots = [_Slot(i) for i in range(self._processes)]
+        self._stopping = self._mp.Value("b", 0)
         for slot in self._slots:
             if self._stop_requests:
                 break
@@ -327,8 +349,7 @@ class WorkerPool:
                 self._kill_all()
                 hard = True
             elif requests >= 1 and not graceful_sent:
-                log.info("stopping: asking %d worker(s) to finish", len(self.worker_pids()))
-                self._signal_all(signal.SIGTERM)
+                self._stop_gracefully()
                 graceful_sent = True
                 deadline = self._clock.monotonic() + self._shutdown_timeout + KILL_GRACE_S
             self._reap(stopping=requests >= 1)
@@ -410,10 +431,29 @@ class WorkerPool:
                 slot.index, proc.pid, proc.exitcode, lived, delay, self.restarts,
             )
 
-    def _signal_all(self, signum: int) -> int:
-        """Send ``signum`` to every live worker; how many were signalled."""
+    def _stop_gracefully(self) -> None:
+        """Set the pool's ``stopping`` flag, then SIGTERM the armed workers; a worker
+        still starting (not armed) sees the flag when it arms, and exits."""
+        with self._lock:
+            slots = [s for s in self._slots if s.process is not None and s.armed is not None]
+        armed = request_stop(self._stopping, [s.armed for s in slots])
+        if armed is None:
+            log.warning("a worker holds the stop gate's lock (killed while starting?): "
+                        "signalling every worker")
+            armed = [True] * len(slots)
+        live = self.worker_pids()
+        targets = [s.index for s, a in zip(slots, armed) if a and s.index in live]
+        sent = self._signal_all(signal.SIGTERM, targets)
+        log.info("stopping: asked %d worker(s) to finish; %d still starting stop as "
+                 "soon as they can", sent, len(live) - len(targets))
+
+    def _signal_all(self, signum: int, indexes: Sequence[int] | None = None) -> int:
+        """Send ``signum`` to every live worker (or those at ``indexes``); how many
+        were signalled."""
         sent = 0
-        for pid in self.worker_pids().values():
+        for index, pid in self.worker_pids().items():
+            if indexes is not None and index not in indexes:
+                continue
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 os.kill(pid, signum)
                 sent += 1
