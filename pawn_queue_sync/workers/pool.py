@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -58,26 +57,19 @@ from typing import Any
 import attrs
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..config import PawnQueueConfig, load_config
-from ..errors import ConfigError, PawnQueueError, StorageError, TopicNotFoundError
-from ..queue.core import PawnQueue
-from ..runtime.options import Default, ListenOptions, renamed
+from ..config import PawnQueueConfig
+from ..runtime.options import Default, ListenOptions
 from ..runtime.signals import Wakeup, install_stop_handlers
+from .arguments import check_arguments, preflight
 from .child import _checked_listener_options, _child_main, _ChildSpec
 from .common import (
-    _MAX_NAME,
     _SIGNALS,
     KILL_GRACE_S,
     MAX_START_FAILURES,
-    RET_CONFIG,
-    RET_CONNECT,
-    RET_IMPORT,
     RET_KILLED,
     RET_OK,
     RET_START_FAILED,
-    HandlerImportError,
     child_consumer_name,
-    import_handler,
     request_stop,
 )
 
@@ -135,45 +127,18 @@ class WorkerPool:
         max_start_failures: int = MAX_START_FAILURES,
         **deprecated: float,
     ) -> None:
-        unknown = sorted(set(deprecated) - set(_DEPRECATED))
-        if unknown:
-            raise TypeError(f"WorkerPool() got an unexpected keyword argument {unknown[0]!r}")
-        explicit = {name for name, value in (
-            ("shutdown_timeout_seconds", shutdown_timeout_seconds),
-            ("restart_backoff_seconds", restart_backoff_seconds),
-            ("restart_backoff_max_seconds", restart_backoff_max_seconds),
-        ) if not isinstance(value, Default)}  # given by the caller: with an old name, a TypeError
-        names = renamed(deprecated, _DEPRECATED, explicit=explicit)
-        shutdown_timeout = names.get("shutdown_timeout_seconds", shutdown_timeout_seconds)
-        restart_backoff = names.get("restart_backoff_seconds", restart_backoff_seconds)
-        restart_backoff_max = names.get("restart_backoff_max_seconds",
-                                        restart_backoff_max_seconds)
-        if isinstance(topics, str):
-            topics = [topics]
-        if not topics:
-            raise ValueError("a worker pool needs at least one topic")
-        if processes < 1 or threads < 1:
-            raise ValueError("processes and threads must be >= 1")
-        for label, value in (("shutdown_timeout_seconds", shutdown_timeout),
-                             ("restart_backoff_seconds", restart_backoff),
-                             ("restart_backoff_max_seconds", restart_backoff_max)):
-            # inf or nan would crash the supervisor's waits (at the first stop request)
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
-                raise ValueError(
-                    f"{label} must be a finite number of seconds >= 0, got {value!r}")
-        if isinstance(max_start_failures, bool) or not isinstance(max_start_failures, int) \
-                or max_start_failures < 1:
-            raise ValueError(f"max_start_failures must be an int >= 1, got "
-                             f"{max_start_failures!r}")
-        if start_method == "fork":
-            raise ValueError("fork is not fork-safe with boto3 clients: use spawn or forkserver")
-        if (not isinstance(consumer_name, str) or not consumer_name
-                or len(child_consumer_name(consumer_name, processes - 1)) > _MAX_NAME):
-            raise ValueError(
-                f"consumer_name must be a non-empty string; worker i registers as "
-                f"'<consumer_name>/i', at most {_MAX_NAME} characters"
-            )
+        args = check_arguments(
+            topics, processes=processes, threads=threads, consumer_name=consumer_name,
+            shutdown_timeout_seconds=shutdown_timeout_seconds,
+            restart_backoff_seconds=restart_backoff_seconds,
+            restart_backoff_max_seconds=restart_backoff_max_seconds,
+            start_method=start_method, max_start_failures=max_start_failures,
+            deprecated=deprecated,
+        )
+        topics = args.topics
+        shutdown_timeout = args.shutdown_timeout_seconds
+        restart_backoff = args.restart_backoff_seconds
+        restart_backoff_max = args.restart_backoff_max_seconds
         self._config_source = config
         self._topics = tuple(topics)
         self._handler = handler
@@ -247,34 +212,8 @@ class WorkerPool:
 
     def _preflight(self) -> int | None:
         """Import the handler and reach the store once; an exit status if that fails."""
-        try:
-            import_handler(self._handler)
-        except HandlerImportError as exc:
-            log.error("%s", exc)
-            return RET_IMPORT
-        try:
-            config = load_config(self._config_source)
-        except (ConfigError, OSError) as exc:
-            log.error("invalid configuration: %s", exc)
-            return RET_CONFIG
-        self._config_dict = config.to_dict()
-        pq = PawnQueue(config)
-        try:
-            pq.setup()
-            for topic in self._topics:
-                pq.context.require_topic(topic)
-        except TopicNotFoundError as exc:
-            log.error("%s", exc)
-            return RET_CONFIG
-        except ConfigError as exc:
-            log.error("invalid configuration: %s", exc)
-            return RET_CONFIG
-        except (StorageError, PawnQueueError, OSError) as exc:
-            log.error("cannot reach the store: %s", exc)
-            return RET_CONNECT
-        finally:
-            pq.teardown()
-        return None
+        status, self._config_dict = preflight(self._config_source, self._topics, self._handler)
+        return status
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if not self._install_signals:
@@ -461,14 +400,3 @@ class WorkerPool:
 
     def _kill_all(self) -> None:
         self.killed += self._signal_all(signal.SIGKILL)
-
-
-
-
-
-#: Old WorkerPool keywords -> their ``*_seconds`` names (deprecated aliases).
-_DEPRECATED = {
-    "shutdown_timeout": "shutdown_timeout_seconds",
-    "restart_backoff": "restart_backoff_seconds",
-    "restart_backoff_max": "restart_backoff_max_seconds",
-}
