@@ -18,7 +18,7 @@ from ..runtime.refresher import LeaseRefresher
 from .queues import queue_for, queue_for_driver
 from .rows import MESSAGE_COLUMNS, parse_time, payload_text
 from .settings import ConfigSource, Settings
-from .tasks import check_task_names, share, task_consumer_name
+from .tasks import check_tasks, share, task_consumer_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,9 +61,7 @@ def consume_to_dataframe(
     """
     idle_timeout_seconds = float(renamed_value("idle_timeout_s", idle_timeout_s,
                                                "idle_timeout_seconds", idle_timeout_seconds))
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions!r}")
-    check_task_names(consumer_name, partitions)
+    check_tasks(consumer_name, partitions)
     settings = Settings(config)
     with queue_for_driver(settings) as pq:
         consumer = pq.register_consumer(consumer_name, [topic])  # acks on the driver

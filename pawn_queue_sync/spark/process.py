@@ -14,7 +14,7 @@ from ..runtime.drain import drain
 from ..runtime.options import Default, renamed_value
 from .queues import queue_for, queue_for_driver
 from .settings import ConfigSource, Settings
-from .tasks import check_task_names, share, task_consumer_name
+from .tasks import check_tasks, share, task_consumer_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,9 +66,7 @@ def process_topic(
     """
     idle_timeout_seconds = float(renamed_value("idle_timeout_s", idle_timeout_s,
                                                "idle_timeout_seconds", idle_timeout_seconds))
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions!r}")
-    check_task_names(consumer_name, partitions)
+    check_tasks(consumer_name, partitions)
     settings = Settings(config)
     with queue_for_driver(settings) as pq:
         pq.context.require_topic(topic)

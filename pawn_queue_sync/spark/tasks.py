@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_task_names", "share", "split_evenly", "task_consumer_name"]
+__all__ = ["check_tasks", "share", "split_evenly", "task_consumer_name"]
 
 #: The registry's limit on a consumer name (see queue.registry.register).
 _MAX_NAME = 256
@@ -19,8 +19,11 @@ def task_consumer_name(consumer_name: str, index: int) -> str:
     return f"{consumer_name}/{index}"
 
 
-def check_task_names(consumer_name: str, partitions: int) -> None:
-    """Refuse, on the driver, a base name whose task names the registry would refuse."""
+def check_tasks(consumer_name: str, partitions: int) -> None:
+    """Refuse, on the driver, fewer than one partition, or a base name whose task names
+    the registry would refuse."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions!r}")
     if (not isinstance(consumer_name, str) or not consumer_name
             or len(task_consumer_name(consumer_name, partitions - 1)) > _MAX_NAME):
         raise ValueError(f"consumer_name must be a non-empty string; task i registers as "
