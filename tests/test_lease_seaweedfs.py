@@ -457,17 +457,24 @@ def test_2_conditional_write_the_same_late_put_loses(site):
     assert leases(b_store) == {mid: got_a[0].lease_token}
 
 
+def two_published(
+    site: Site, strategy: str
+) -> tuple[set[str], tuple[Any, Scripted], tuple[Any, Scripted]]:
+    """Two messages (``{"n": 0}``, ``{"n": 1}``) and consumers A and B on queues of
+    their own: (the message ids, (A, A's store), (B, B's store))."""
+    producer_q, _ = site.queue(strategy)
+    producer = producer_q.register_producer("p")
+    ids = {producer.publish(TOPIC, {"n": i}) for i in range(2)}
+    return ids, site.consumer(strategy, "a"), site.consumer(strategy, "b")
+
+
 # -- defects 3 and 4: a late ack and a late refresh after the lease expired --------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_3_and_4_late_ack_and_late_refresh_never_touch_the_new_holder(site, strategy):
-    producer_q, _ = site.queue(strategy)
-    producer = producer_q.register_producer("p")
-    ids = {producer.publish(TOPIC, {"n": i}) for i in range(2)}
-    a, a_store = site.consumer(strategy, "a")
-    b, b_store = site.consumer(strategy, "b")
+    ids, (a, a_store), (b, b_store) = two_published(site, strategy)
     held_by_a = a.poll(max_messages=2)
     assert {m.id for m in held_by_a} == ids
     for m in held_by_a:
@@ -548,11 +555,7 @@ def test_5_a_poll_judges_leases_from_one_listing(site, strategy):
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_6_an_error_listing_leases_never_frees_a_message(site, strategy):
-    producer_q, _ = site.queue(strategy)
-    producer = producer_q.register_producer("p")
-    mids = {producer.publish(TOPIC, {"n": i}) for i in range(2)}
-    a, _a_store = site.consumer(strategy, "a")
-    b, b_store = site.consumer(strategy, "b")
+    mids, (a, _a_store), (b, b_store) = two_published(site, strategy)
     (msg,) = a.poll(max_messages=1)  # either: with b registered, a spreads its picks
     held, free = msg.id, (mids - {msg.id}).pop()
     b_store.on("list", layout.leases_prefix(TOPIC), fail=StorageError("injected: 503"))
