@@ -12,11 +12,12 @@ milliseconds and sees the same orderings.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
@@ -142,6 +143,8 @@ class FakeClock:
         #: quiet to the first look; let run in between, it calls the clock again)
         self._seen_quiet: float | None = None
         self._closed = False
+        #: open :meth:`held` blocks: while any is, auto mode does not move time
+        self._holds = 0
 
     def __repr__(self) -> str:
         return f"FakeClock(t={self._t:.3f}, auto={self._auto})"
@@ -255,7 +258,7 @@ class FakeClock:
     def _next_jump(self, real: float) -> list[_Waiter]:
         """(Under the lock.) Jump to the earliest deadline if nothing else can run; the
         waiters it made due."""
-        if not self._waiters or real - self._active_at < self._quiet:
+        if self._holds or not self._waiters or real - self._active_at < self._quiet:
             self._seen_quiet = None
             return []
         if self._seen_quiet != self._active_at:
@@ -280,6 +283,26 @@ class FakeClock:
         for w in due:
             self._participants[w.thread] = real
         return due
+
+    def waiting(self) -> int:
+        """How many threads are in :meth:`wait` or :meth:`sleep` on this clock now."""
+        with self._lock:
+            return len(self._waiters)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Auto mode: time does not move inside this block, whatever the threads do, so a
+        test can start several threads and see them all waiting (:meth:`waiting`)
+        before the first jump: the order of their wake-ups is then the order of their
+        deadlines, however the OS schedules them. Nests; manual mode ignores it."""
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                self._active_at = time.monotonic()
 
     def close(self) -> None:
         """Stop the advancing thread (auto mode); waits then end only when notified or

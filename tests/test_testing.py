@@ -19,7 +19,7 @@ import pytest
 import pawn_queue_sync
 from pawn_queue_sync.clock import SYSTEM_CLOCK, FakeClock, wait_for
 from pawn_queue_sync.testing import memory_queue, run_handler
-from tests.threads import join, run_in_thread
+from tests.threads import join, run_in_thread, wait_until
 
 DEADLINE = 60.0
 
@@ -40,16 +40,16 @@ def test_an_auto_clock_ends_waits_in_deadline_order_and_jumps_to_each() -> None:
         with lock:
             ended.append((seconds, clock.monotonic()))
 
-    threads = [run_in_thread(lambda s=s, e=e: sleeper(s, e))
-               for s, e in zip((30.0, 5.0, 12.5), entering, strict=True)]
-    # Keep the clock busy (each call counts as activity) until all three are asleep:
-    # time moves only after a quiet spell, so none can wake before the others sleep.
-    go.set()
-    for entered in entering:
-        while not entered.is_set():
-            clock.monotonic()
-    busy_until = time.monotonic() + 0.05
-    while time.monotonic() < busy_until:
+    # Held until all three are asleep (a busy loop of clock calls kept it from moving
+    # only as long as the OS did not preempt that loop for a few ms: a loaded CI saw the
+    # clock at 5 here): none can wake before the others sleep.
+    with clock.held():
+        threads = [run_in_thread(lambda s=s, e=e: sleeper(s, e))
+                   for s, e in zip((30.0, 5.0, 12.5), entering, strict=True)]
+        go.set()
+        for entered in entering:
+            assert entered.wait(DEADLINE)
+        wait_until(lambda: clock.waiting() == 3, what="all three asleep")
         assert clock.monotonic() == 0.0
     for thread in threads:
         join(thread, DEADLINE)
