@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -176,3 +179,14 @@ def test_a_bad_session_or_client_is_a_config_error_before_any_request(
         with pytest.raises(ConfigError, match=f"{name}.*{expected}") as info:
             make()
         assert "SECRETSECRET" not in str(info.value)
+
+
+def test_credentials_a_refresh_receives_are_masked_in_botocores_debug_log() -> None:
+    """An assumed-role session refreshes through STS, and botocore.parsers logs STS's
+    answer at DEBUG: the new access key, secret key and session token were in clear
+    (masking knew only credentials already used to sign). A local fake STS answers."""
+    script = Path(__file__).with_name("sts_refresh_log.py")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "leaked: []", result.stdout

@@ -342,3 +342,36 @@ def test_a_stop_while_the_children_start_stops_them_cleanly(
         assert left == ids - set(handled)  # nothing lost
     finally:
         pq.close()
+
+
+def _die_holding(lock: Any) -> None:
+    lock.acquire()
+    os._exit(0)  # killed while holding the stop gate's lock
+
+
+def test_a_stop_gate_whose_lock_holder_died_neither_hangs_the_pool_nor_a_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback for a gate lock whose holder died wrote ``stopping.value``, which
+    takes that same lock again: the supervisor hung forever (and a child arming later
+    blocked in ``arm()`` for good)."""
+    import multiprocessing
+
+    from pawn_queue_sync.workers import common
+
+    monkeypatch.setattr(common, "_GATE_TIMEOUT_S", 0.2)
+    ctx = multiprocessing.get_context("spawn")
+    stopping, armed = ctx.Value("b", 0), ctx.RawValue("b", 0)
+    holder = ctx.Process(target=_die_holding, args=(stopping.get_lock(),))
+    holder.start()
+    holder.join(DEADLINE)
+    assert holder.exitcode == 0
+    results: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: results.update(
+        stop=common.request_stop(stopping, [armed]), arm=common.arm(stopping, armed)),
+        daemon=True)
+    worker.start()
+    worker.join(DEADLINE)
+    assert not worker.is_alive(), "request_stop/arm hung on the dead holder's lock"
+    assert results == {"stop": None, "arm": True}  # signal everyone; the child stops
+    assert stopping.get_obj().value == 1 and armed.value == 1

@@ -49,8 +49,10 @@ KILL_GRACE_S = 10.0
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-#: How long the supervisor waits for the stop gate's lock (held for microseconds by a
-#: child arming itself) before it signals every live child as if all were armed.
+#: How long the supervisor (or a child arming) waits for the stop gate's lock, held
+#: for microseconds by whoever uses it, before taking its holder for dead (killed
+#: while holding it): the supervisor then signals every live child as if all were
+#: armed, and a child arms without the lock.
 _GATE_TIMEOUT_S = 5.0
 
 
@@ -59,9 +61,17 @@ def arm(stopping: Any, armed: Any) -> bool:
     (the supervisor may now signal it) and say whether the pool is already stopping.
     Under ``stopping``'s lock, as :func:`request_stop`: either the child sees the stop
     or the supervisor sees the child armed (and signals it), never neither."""
-    with stopping.get_lock():
+    lock = stopping.get_lock()
+    if not lock.acquire(timeout=_GATE_TIMEOUT_S):
+        # its holder died holding it (a process killed while arming): the supervisor
+        # then signals every child, so a plain read and write are enough here
         armed.value = 1
-        return bool(stopping.value)
+        return bool(stopping.get_obj().value)
+    try:
+        armed.value = 1
+        return bool(stopping.get_obj().value)
+    finally:
+        lock.release()
 
 
 def request_stop(stopping: Any, armed: Sequence[Any]) -> list[bool] | None:
@@ -71,10 +81,11 @@ def request_stop(stopping: Any, armed: Sequence[Any]) -> list[bool] | None:
     signal every child."""
     lock = stopping.get_lock()
     if not lock.acquire(timeout=_GATE_TIMEOUT_S):
-        stopping.value = 1
+        # not ``stopping.value = 1``: that takes the same (dead) lock again, forever
+        stopping.get_obj().value = 1
         return None
     try:
-        stopping.value = 1
+        stopping.get_obj().value = 1
         return [bool(a.value) for a in armed]
     finally:
         lock.release()

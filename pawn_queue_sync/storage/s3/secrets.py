@@ -32,6 +32,22 @@ def _mask_signed(match: re.Match[str]) -> str:
     return (match.group(1) or match.group(2)) + "***"
 
 
+#: credentials in the answer of a refresh, as botocore logs a response body at DEBUG:
+#: STS's XML (``<SecretAccessKey>S</SecretAccessKey>``) and the JSON of SSO, the
+#: container and instance metadata endpoints (``"secretAccessKey": "S"``,
+#: ``"SecretAccessKey" : "S"``, ``"Token"``), in bytes reprs too
+_ISSUED = re.compile(
+    r"(?i)(<(?:AccessKeyId|SecretAccessKey|SessionToken)>)[^<]+"
+    r"|((?:\\?['\"])(?:accessKeyId|secretAccessKey|sessionToken|Token)(?:\\?['\"])"
+    r"\s*:\s*(?:\\?['\"]))[^'\"\\]+"
+)
+_ISSUED_HINTS = ("accesskeyid", "secretaccesskey", "sessiontoken", "token")
+
+
+def _mask_issued(match: re.Match[str]) -> str:
+    return (match.group(1) or match.group(2)) + "***"
+
+
 def mask(text: str, secrets: Iterable[str | None]) -> str:
     """``text`` with the userinfo of URLs and every secret masked (``***``), also in
     the escaped and trimmed forms error texts quote them in (botocore shows a bad
@@ -43,6 +59,8 @@ def mask(text: str, secrets: Iterable[str | None]) -> str:
     lowered = text.lower()
     if "credential=" in lowered or "x-amz-security-token" in lowered:
         text = _SIGNED.sub(_mask_signed, text)
+    if any(hint in lowered for hint in _ISSUED_HINTS):
+        text = _ISSUED.sub(_mask_issued, text)
     forms: set[str] = set()
     for secret in secrets:
         if not secret:
