@@ -3,9 +3,10 @@ consumer names, and importing a handler by name."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -61,17 +62,9 @@ def arm(stopping: Any, armed: Any) -> bool:
     (the supervisor may now signal it) and say whether the pool is already stopping.
     Under ``stopping``'s lock, as :func:`request_stop`: either the child sees the stop
     or the supervisor sees the child armed (and signals it), never neither."""
-    lock = stopping.get_lock()
-    if not lock.acquire(timeout=_GATE_TIMEOUT_S):
-        # its holder died holding it (a process killed while arming): the supervisor
-        # then signals every child, so a plain read and write are enough here
+    with _gate(stopping):
         armed.value = 1
         return bool(stopping.get_obj().value)
-    try:
-        armed.value = 1
-        return bool(stopping.get_obj().value)
-    finally:
-        lock.release()
 
 
 def request_stop(stopping: Any, armed: Sequence[Any]) -> list[bool] | None:
@@ -79,16 +72,25 @@ def request_stop(stopping: Any, armed: Sequence[Any]) -> list[bool] | None:
     which children (``armed`` flags) are armed, to be signalled; the others stop as
     they arm. None if the lock could not be taken (a child killed while arming):
     signal every child."""
+    with _gate(stopping) as locked:
+        stopping.get_obj().value = 1
+        return [bool(a.value) for a in armed] if locked else None
+
+
+@contextlib.contextmanager
+def _gate(stopping: Any) -> Iterator[bool]:
+    """Hold ``stopping``'s lock (True), or, if it cannot be had within
+    ``_GATE_TIMEOUT_S``, go on without it (False): its holder died holding it (a
+    process killed while arming), and the supervisor then signals every child, so
+    plain reads and writes are enough. Never ``stopping.value``: that takes the same
+    (maybe dead) lock again, forever; ``stopping.get_obj().value`` does not."""
     lock = stopping.get_lock()
-    if not lock.acquire(timeout=_GATE_TIMEOUT_S):
-        # not ``stopping.value = 1``: that takes the same (dead) lock again, forever
-        stopping.get_obj().value = 1
-        return None
+    locked = lock.acquire(timeout=_GATE_TIMEOUT_S)
     try:
-        stopping.get_obj().value = 1
-        return [bool(a.value) for a in armed]
+        yield locked
     finally:
-        lock.release()
+        if locked:
+            lock.release()
 
 
 #: The registry's limit on a consumer name (see queue.registry.register).

@@ -28,7 +28,9 @@ _SIGNED = re.compile(
 )
 
 
-def _mask_signed(match: re.Match[str]) -> str:
+def _mask_value(match: re.Match[str]) -> str:
+    """A match of :data:`_SIGNED` or :data:`_ISSUED`: its name part kept, the value
+    masked."""
     return (match.group(1) or match.group(2)) + "***"
 
 
@@ -44,10 +46,6 @@ _ISSUED = re.compile(
 _ISSUED_HINTS = ("accesskeyid", "secretaccesskey", "sessiontoken", "token")
 
 
-def _mask_issued(match: re.Match[str]) -> str:
-    return (match.group(1) or match.group(2)) + "***"
-
-
 def mask(text: str, secrets: Iterable[str | None]) -> str:
     """``text`` with the userinfo of URLs and every secret masked (``***``), also in
     the escaped and trimmed forms error texts quote them in (botocore shows a bad
@@ -58,9 +56,9 @@ def mask(text: str, secrets: Iterable[str | None]) -> str:
         text = redact_endpoint(text)
     lowered = text.lower()
     if "credential=" in lowered or "x-amz-security-token" in lowered:
-        text = _SIGNED.sub(_mask_signed, text)
+        text = _SIGNED.sub(_mask_value, text)
     if any(hint in lowered for hint in _ISSUED_HINTS):
-        text = _ISSUED.sub(_mask_issued, text)
+        text = _ISSUED.sub(_mask_value, text)
     forms: set[str] = set()
     for secret in secrets:
         if not secret:
