@@ -15,6 +15,7 @@ __all__ = [
     "InvalidTopicName",
     "PayloadError",
     "PublishError",
+    "SegmentError",
     "RegistrationError",
     "StorageError",
     "ObjectNotFound",
@@ -70,6 +71,12 @@ class PayloadError(PawnQueueError, ValueError):
 
 class PublishError(PawnQueueError):
     """A message could not be written; nothing was published for it."""
+
+
+class SegmentError(PawnQueueError, ValueError):
+    """A segment (or a segment lease) that cannot be read: not UTF-8 or JSON, an unknown
+    format or version, not the segment its key names, a wrong count, a duplicate id, a
+    missing field. The message names the problem; a consumer quarantines such a segment."""
 
 
 class RegistrationError(PawnQueueError):

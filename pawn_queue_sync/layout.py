@@ -6,6 +6,9 @@
     {topic}/messages/{YYYYMMDDTHHMMSS_ffffff}-{uuid}.json   pending message
     {topic}/leases/{uuid}.lease                  lease on a message
     {topic}/dead-letter/{uuid}.json              dead-lettered message
+    {topic}/.packed                              manifest: the topic is packed
+    {topic}/segments/{YYYYMMDDTHHMMSS_ffffff}-{segment_uuid}-n{count}.seg   a segment
+    {topic}/segment-leases/{segment_uuid}.lease  lease on a segment (progress inside)
     _registry/{producers|consumers}/{uuid}.json  registrations
     _probe/{uuid}.probe                          capability probe (always removed)
 """
@@ -25,12 +28,16 @@ LEASES = "leases"
 DEAD_LETTER = "dead-letter"
 REGISTRY_PREFIX = "_registry/"
 PROBE_PREFIX = "_probe/"
+PACKED_MANIFEST = ".packed"
+SEGMENTS = "segments"
+SEGMENT_LEASES = "segment-leases"
 
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_MESSAGE_NAME_RE = re.compile(
+_TS_ID = (
     r"(?P<ts>\d{8}T\d{6}_\d{6})-(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-    r"\.json"
 )
+_MESSAGE_NAME_RE = re.compile(_TS_ID + r"\.json")
+_SEGMENT_NAME_RE = re.compile(_TS_ID + r"-n(?P<count>[1-9]\d{0,8})\.seg")
 
 
 def validate_topic(topic: object) -> str:
@@ -103,8 +110,54 @@ def parse_message_key(topic: str, key: str) -> str | None:
 
 def lease_message_id(topic: str, key: str) -> str | None:
     """The message id a lease key refers to, or None for a foreign object."""
-    prefix = leases_prefix(topic)
+    return _lease_name(leases_prefix(topic), key)
+
+
+def _lease_name(prefix: str, key: str) -> str | None:
+    """``{prefix}{name}.lease`` -> name (one non-empty path segment), else None."""
     if not key.startswith(prefix) or not key.endswith(".lease"):
         return None
-    mid = key[len(prefix) : -len(".lease")]
-    return mid if mid and "/" not in mid else None
+    name = key[len(prefix) : -len(".lease")]
+    return name if name and "/" not in name else None
+
+
+# --------------------------------------------------------------------------- packed topics
+# pawn-queue 0.1.x lists only messages/ and leases/: it never sees segments nor their
+# leases (so its janitor cannot delete a segment lease and lose its recorded progress).
+
+
+def packed_manifest_key(topic: str) -> str:
+    return f"{topic}/{PACKED_MANIFEST}"
+
+
+def segments_prefix(topic: str) -> str:
+    return f"{topic}/{SEGMENTS}/"
+
+
+def segment_leases_prefix(topic: str) -> str:
+    return f"{topic}/{SEGMENT_LEASES}/"
+
+
+def segment_key(topic: str, ts: str, segment_id: str, count: int) -> str:
+    """A segment's key: sorts by age like messages; the message count is in the name so
+    ``topics --stats`` counts messages without reading segments."""
+    return f"{topic}/{SEGMENTS}/{ts}-{segment_id}-n{count}.seg"
+
+
+def parse_segment_key(topic: str, key: str) -> tuple[str, int] | None:
+    """(segment id, message count) of a well-formed segment key, or None for a foreign
+    object."""
+    prefix = segments_prefix(topic)
+    if not key.startswith(prefix):
+        return None
+    match = _SEGMENT_NAME_RE.fullmatch(key[len(prefix) :])
+    return (match.group("id"), int(match.group("count"))) if match else None
+
+
+def segment_lease_key(topic: str, segment_id: str) -> str:
+    return f"{topic}/{SEGMENT_LEASES}/{segment_id}.lease"
+
+
+def segment_lease_id(topic: str, key: str) -> str | None:
+    """The segment id a segment lease key refers to, or None for a foreign object."""
+    return _lease_name(segment_leases_prefix(topic), key)

@@ -216,6 +216,9 @@ NON_DEFAULTS: dict[str, Any] = {
     "registry.heartbeat_interval_seconds": 15.0,
     "publishing.max_payload_bytes": 16,
     "publishing.batch_threads": 17,
+    "publishing.max_segment_messages": 18,
+    "publishing.max_segment_bytes": 2_000_000,
+    "publishing.linger_ms": 19,
 }
 #: pawn-queue's builder spells two settings otherwise: ``s3(access_key=, secret_key=)``.
 BUILDER_NAMES = {"s3.aws_access_key_id": "access_key", "s3.aws_secret_access_key": "secret_key"}
@@ -260,11 +263,14 @@ PAWN_QUEUE_MS_SETTINGS = {
     "concurrency.csprng_verify.jitter_min_ms",
     "concurrency.csprng_verify.jitter_max_ms",
     "concurrency.csprng_verify.verify_retry_delay_ms",
+    # packed topics' group-commit window: milliseconds, like the other short waits
+    "publishing.linger_ms",
 }
 
 
 def test_every_duration_names_its_unit() -> None:
-    """Durations are ``*_seconds`` (floats), but for pawn-queue's four ``*_ms`` ints."""
+    """Durations are ``*_seconds`` (floats), but for pawn-queue's four ``*_ms`` ints and
+    ``publishing.linger_ms``."""
     words = ("interval", "timeout", "delay", "jitter", "wait", "sleep", "ttl", "period",
              "duration", "grace", "backoff", "seconds", "_ms")
     settings = _settings()
@@ -305,6 +311,9 @@ OUR_ENV_NAMES = {
     "polling.claim_threads": "PAWNQUEUE_POLLING_CLAIM_THREADS",
     "publishing.max_payload_bytes": "PAWNQUEUE_PUBLISHING_MAX_PAYLOAD_BYTES",
     "publishing.batch_threads": "PAWNQUEUE_PUBLISHING_BATCH_THREADS",
+    "publishing.max_segment_messages": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_MESSAGES",
+    "publishing.max_segment_bytes": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_BYTES",
+    "publishing.linger_ms": "PAWNQUEUE_PUBLISHING_LINGER_MS",
 }
 
 
@@ -330,6 +339,7 @@ def test_every_env_var_is_loaded(path: str, name: str) -> None:
         "polling.lease_refresh_interval_seconds": ("3", 3.0),
         "registry.heartbeat_interval_seconds": ("8", 8.0),
         "concurrency.csprng_verify.jitter_max_ms": ("777", 777),
+        "publishing.max_segment_bytes": ("2000000", 2000000),
     }
     raw, expected = samples.get(path, ("3", 3))
     env = {name: raw}

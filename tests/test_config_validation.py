@@ -90,6 +90,16 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
         ({"registry": {"heartbeat_interval_seconds": -1}}, "registry.heartbeat_interval_seconds"),
         ({"publishing": {"max_payload_bytes": "1MB"}}, "publishing.max_payload_bytes"),
         ({"publishing": {"batch_threads": 0}}, "publishing.batch_threads"),
+        ({"publishing": {"max_segment_messages": 0}}, "publishing.max_segment_messages"),
+        ({"publishing": {"max_segment_messages": 100001}}, "publishing.max_segment_messages"),
+        ({"publishing": {"linger_ms": -1}}, "publishing.linger_ms"),
+        ({"publishing": {"linger_ms": 10001}}, "publishing.linger_ms"),
+        ({"publishing": {"linger_ms": 1.5}}, "publishing.linger_ms"),
+        ({"publishing": {"max_segment_bytes": 1052671}}, "publishing.max_segment_bytes"),
+        (
+            {"publishing": {"max_payload_bytes": 10000, "max_segment_bytes": 14095}},
+            "publishing.max_segment_bytes",
+        ),
     ],
 )
 def test_bad_values(data: dict[str, Any], field: str) -> None:
@@ -97,6 +107,23 @@ def test_bad_values(data: dict[str, Any], field: str) -> None:
         load_config(data, env={})
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
+
+
+def test_segment_limits_take_their_bounds() -> None:
+    """The packed-topic limits accept their bounds (the bad values above are one past)."""
+    cfg = load_config(
+        {
+            "publishing": {
+                "max_payload_bytes": 10000,
+                "max_segment_bytes": 14096,
+                "max_segment_messages": 100000,
+                "linger_ms": 0,
+            }
+        },
+        env={},
+    )
+    assert (cfg.publishing.max_segment_bytes, cfg.publishing.linger_ms) == (14096, 0)
+    assert load_config({"publishing": {"linger_ms": 10000}}, env={}).publishing.linger_ms == 10000
 
 
 def test_error_message_format() -> None:

@@ -175,6 +175,11 @@ class PollingConfig:
         "Threads used to claim and fetch messages in parallel.",
         env="PAWNQUEUE_POLLING_CLAIM_THREADS",
     )
+    max_segments_held: int = v.int_field(
+        4,
+        "Packed topics: segments a consumer holds per topic at most.",
+        env="PAWNQUEUE_POLLING_MAX_SEGMENTS_HELD",
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.visibility_timeout_seconds < MIN_VISIBILITY_TIMEOUT_SECONDS:
@@ -278,6 +283,10 @@ class RegistryConfig:
     )
 
 
+#: Room left in a segment for its header line beside one largest message.
+SEGMENT_HEADER_ROOM = 4096
+
+
 @attrs.frozen(kw_only=True)
 class PublishingConfig:
     """Limits and parallelism of publishing."""
@@ -292,6 +301,35 @@ class PublishingConfig:
     batch_threads: int = v.int_field(
         16, "Threads used to publish a batch in parallel.", env="PAWNQUEUE_PUBLISHING_BATCH_THREADS"
     )
+    max_segment_messages: int = v.int_field(
+        1000,
+        "Packed topics: most messages in one segment object (1 to 100000).",
+        le=100000,
+        env="PAWNQUEUE_PUBLISHING_MAX_SEGMENT_MESSAGES",
+    )
+    max_segment_bytes: int = v.int_field(
+        8388608,
+        "Packed topics: largest segment object in bytes; at least max_payload_bytes + 4096.",
+        env="PAWNQUEUE_PUBLISHING_MAX_SEGMENT_BYTES",
+    )
+    linger_ms: int = v.int_field(
+        5,
+        "Packed topics: how long publish() collects messages from other threads into one "
+        "segment at most (0 to 10000); a lone caller does not wait.",
+        ge=0,
+        le=10000,
+        env="PAWNQUEUE_PUBLISHING_LINGER_MS",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        least = self.max_payload_bytes + SEGMENT_HEADER_ROOM
+        if self.max_segment_bytes < least:
+            raise ConfigError(
+                "publishing.max_segment_bytes",
+                f"must be >= publishing.max_payload_bytes + {SEGMENT_HEADER_ROOM} ({least}), "
+                f"got {self.max_segment_bytes}: a segment holds its header and at least one "
+                "message of the largest accepted size",
+            )
 
 
 @attrs.frozen(kw_only=True)

@@ -52,8 +52,8 @@ def number(*, gt: float | None = None, ge: float | None = None) -> Validator:
     return check
 
 
-def integer(*, ge: int) -> Validator:
-    """An int (not a bool, not a float) >= ``ge``."""
+def integer(*, ge: int, le: int | None = None) -> Validator:
+    """An int (not a bool, not a float) >= ``ge`` (and <= ``le`` when given)."""
 
     def check(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         name = where(inst, attr)
@@ -61,6 +61,8 @@ def integer(*, ge: int) -> Validator:
             raise ConfigError(name, f"must be an integer, got {type_name(value)}")
         if value < ge:
             raise ConfigError(name, f"must be >= {ge}, got {value!r}")
+        if le is not None and value > le:
+            raise ConfigError(name, f"must be <= {le}, got {value!r}")
 
     return check
 
@@ -211,9 +213,11 @@ def float_field(default: float, doc: str, *, gt: float | None = 0.0, env: str | 
     )
 
 
-def int_field(default: int, doc: str, *, ge: int = 1, env: str | None = None) -> Any:
+def int_field(
+    default: int, doc: str, *, ge: int = 1, le: int | None = None, env: str | None = None
+) -> Any:
     return attrs.field(
-        default=default, validator=integer(ge=ge), metadata=meta("int", doc, env=env)
+        default=default, validator=integer(ge=ge, le=le), metadata=meta("int", doc, env=env)
     )
 
 
