@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from .exits import EXIT_OK
+from .exits import EXIT_OK, EXIT_USAGE
 from .shared import emit, open_queue
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
+    if args.packed and not args.create:
+        print("pawnq topics: --packed goes with --create NAME", file=sys.stderr)
+        return EXIT_USAGE
+    kind = " (packed)" if args.packed else ""
     with open_queue(args) as pq:
         if args.create:
             for t in args.create:
-                created = pq.create_topic(t)
-                emit(f"{t}: {'created' if created else 'exists'}")
+                created = pq.create_topic(t, packed=args.packed)
+                emit(f"{t}: {'created' if created else 'exists'}{kind}")
             return EXIT_OK
         for t in pq.list_topics():
             if args.stats:
@@ -41,6 +46,9 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``topics`` to ``pawnq``'s subcommands."""
     topics = sub.add_parser("topics", parents=[common], help="list topics (or create them)")
     topics.add_argument("--create", nargs="+", metavar="TOPIC")
+    topics.add_argument("--packed", action="store_true",
+                        help="with --create: packed topics (many messages per object; "
+                             "pawn-queue 0.1.x consumers do not see them)")
     topics.add_argument("--stats", action="store_true", help="with pending/leased/dead counts")
     topics.set_defaults(func=cmd_topics)
 

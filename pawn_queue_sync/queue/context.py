@@ -18,6 +18,10 @@ from ..errors import ObjectNotFound, TopicNotFoundError
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
 
+#: How long a topic found plain (no ``{topic}/.packed``) counts as plain before the
+#: manifest is looked up again; a packed topic stays packed (the manifest is never removed).
+PACKED_RECHECK_SECONDS = 30.0
+
 
 @attrs.define(eq=False)
 class Context:
@@ -28,6 +32,9 @@ class Context:
     caps: Capabilities
     clock: Clock
     _known_topics: set[str] = attrs.field(factory=set, init=False)
+    #: topic -> monotonic time it was found plain; packed ones are in _packed_topics
+    _plain_seen: dict[str, float] = attrs.field(factory=dict, init=False)
+    _packed_topics: set[str] = attrs.field(factory=set, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _pools: dict[str, ThreadPoolExecutor] = attrs.field(factory=dict, init=False)
     #: name -> the workers its pool was built with
@@ -111,6 +118,34 @@ class Context:
     def remember_topic(self, topic: str) -> None:
         with self._lock:
             self._known_topics.add(topic)
+
+    def topic_packed(self, topic: str) -> bool:
+        """Whether ``topic`` is packed (its manifest ``{topic}/.packed`` exists): one HEAD,
+        then cached in this process, a True for good (the manifest is never removed), a
+        False for :data:`PACKED_RECHECK_SECONDS` (another process may switch the topic)."""
+        with self._lock:
+            if topic in self._packed_topics:
+                return True
+            seen = self._plain_seen.get(topic)
+            now = self.clock.monotonic()
+            if seen is not None and now - seen < PACKED_RECHECK_SECONDS:
+                return False
+        try:
+            self.store.head(layout.packed_manifest_key(topic))
+        except ObjectNotFound:
+            with self._lock:
+                if topic in self._packed_topics:  # marked meanwhile by create_topic
+                    return True
+                self._plain_seen[topic] = now
+            return False
+        self.remember_packed(topic)
+        return True
+
+    def remember_packed(self, topic: str) -> None:
+        """Cache that ``topic`` is packed (its manifest exists)."""
+        with self._lock:
+            self._packed_topics.add(topic)
+            self._plain_seen.pop(topic, None)
 
     def close(self) -> None:
         with self._lock:

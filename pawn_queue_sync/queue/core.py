@@ -16,7 +16,7 @@ from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from ..storage.factory import build_store, check_session_client
-from . import registry, topics
+from . import registry, stats, topics
 from .consumer import Consumer
 from .context import Context
 from .producer import Producer
@@ -143,9 +143,17 @@ class PawnQueue:
 
     # -- topics ---------------------------------------------------------------------------
 
-    def create_topic(self, topic: str) -> bool:
-        """Create a topic; idempotent. True if this call created it."""
-        return topics.create_topic(self.context, topic)
+    def create_topic(self, topic: str, packed: bool = False) -> bool:
+        """Create a topic; idempotent. True if this call created it.
+
+        ``packed=True`` makes it a packed topic (or switches an existing plain one):
+        publishing writes many messages per object (segments, group-committed), and
+        consumers claim a segment with one lease and ack its messages one by one. The
+        switch is for good; single messages already there still drain. pawn-queue 0.1.x
+        consumers do not see packed messages: switch a topic only once every consumer
+        of it runs this library.
+        """
+        return topics.create_topic(self.context, topic, packed=packed)
 
     def list_topics(self) -> list[str]:
         return topics.list_topics(self.context)
@@ -153,15 +161,11 @@ class PawnQueue:
     def topic_exists(self, topic: str) -> bool:
         return topics.topic_exists(self.context, topic)
 
-    def topic_stats(self, topic: str) -> dict[str, int]:
-        """Counts of pending messages, leases and dead letters (three listings)."""
-        ctx = self.context
-        ctx.require_topic(topic)
-        return {
-            "pending": len(ctx.store.list(layout.messages_prefix(topic)).objects),
-            "leased": len(ctx.store.list(layout.leases_prefix(topic)).objects),
-            "dead_letter": len(ctx.store.list(layout.dead_letter_prefix(topic)).objects),
-        }
+    def topic_stats(self, topic: str) -> dict[str, int | bool]:
+        """Counts of pending messages, leases and dead letters (three listings); a
+        packed topic adds ``packed``, ``segments``, ``segment_messages`` and
+        ``segments_leased`` (see :func:`~pawn_queue_sync.queue.stats.topic_stats`)."""
+        return stats.topic_stats(self.context, topic)
 
     # -- producers and consumers --------------------------------------------------------------
 
