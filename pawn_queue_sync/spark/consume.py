@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLostError
+from ..queue.consumer import Consumer
 from ..queue.message import Message
 from ..runtime.options import Default, renamed_value
 from ..runtime.refresher import LeaseRefresher
-from .queues import queue_for, queue_for_driver
+from .queues import is_packed, queue_for, queue_for_driver
 from .rows import MESSAGE_COLUMNS, parse_time, payload_text
 from .settings import ConfigSource, Settings
 from .tasks import check_tasks, share, task_consumer_name
@@ -56,6 +57,10 @@ def consume_to_dataframe(
     expires or is released (at-least-once). Without ``before_ack`` the messages leave
     the queue when this function returns, so persist the DataFrame.
 
+    On a packed topic the driver claims instead of ``partitions`` tasks: a message's
+    ack is recorded in its segment's lease, which only the consumer that claimed the
+    segment holds, and one GET reads a whole segment.
+
     ``idle_timeout_s`` is the deprecated name of ``idle_timeout_seconds`` (a
     DeprecationWarning).
     """
@@ -70,20 +75,31 @@ def consume_to_dataframe(
         job_started = pq.context.clock.monotonic()  # every lease below is younger
 
         def claim(index: int, _: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
-            yield from _claim_rows(settings, topic, task_consumer_name(consumer_name, index),
-                                   share(max_messages, partitions, index),
-                                   idle_timeout_seconds, budget)
+            task = queue_for(settings).register_consumer(
+                task_consumer_name(consumer_name, index), [topic])
+            for m in _claim(task, share(max_messages, partitions, index),
+                            idle_timeout_seconds, budget):
+                yield (m.id, m.topic, m.producer_id, m.created_at, payload_text(m.payload),
+                       m.key, m.lease_key, m.lease_token)
 
-        rdd = spark.sparkContext.parallelize(range(partitions), partitions)
-        claimed = rdd.mapPartitionsWithIndex(claim).collect()
-        msgs = [
-            Message(
-                id=c[0], topic=topic, producer_id=c[2], created_at=c[3] or "",
-                payload=None, key=c[5], lease_key=c[6], lease_token=c[7],
-                lease_written_at=job_started, consumer=consumer,
-            )
-            for c in claimed
-        ]
+        if is_packed(pq.store, topic):
+            # A segment's acks are recorded in its lease, which only the consumer that
+            # claimed it holds: the driver claims (a segment is one GET for many
+            # messages) and acks itself.
+            msgs = list(_claim(consumer, max_messages, idle_timeout_seconds, budget))
+            claimed = [(m.id, m.topic, m.producer_id, m.created_at, payload_text(m.payload))
+                       for m in msgs]
+        else:
+            rdd = spark.sparkContext.parallelize(range(partitions), partitions)
+            claimed = rdd.mapPartitionsWithIndex(claim).collect()
+            msgs = [
+                Message(
+                    id=c[0], topic=topic, producer_id=c[2], created_at=c[3] or "",
+                    payload=None, key=c[5], lease_key=c[6], lease_token=c[7],
+                    lease_written_at=job_started, consumer=consumer,
+                )
+                for c in claimed
+            ]
         # The leases are as old as the claims (up to the claim budget) and nothing in
         # the executors renews them any more: the driver holds the tokens now, so it
         # renews them until they are acked or released, however long before_ack runs.
@@ -116,37 +132,30 @@ def consume_to_dataframe(
     return df
 
 
-def _claim_rows(
-    settings: Settings,
-    topic: str,
-    consumer_name: str,
+def _claim(
+    consumer: Consumer,
     limit: int | None,
     idle_timeout_seconds: float,
     claim_budget_seconds: float,
-) -> Iterator[tuple[Any, ...]]:
-    """Claim messages (leases only) until idle, ``limit`` or ``claim_budget_seconds``; yield
-    each as (id, topic, producer_id, created_at, payload, key, lease_key, token)."""
-    pq = queue_for(settings)
-    consumer = pq.register_consumer(consumer_name, [topic])
-    per_poll = pq.config.polling.max_messages_per_poll
-    interval = pq.config.polling.interval_seconds
+) -> Iterator[Message]:
+    """Claim messages (leases only) until idle, ``limit`` or ``claim_budget_seconds``."""
+    polling = consumer.context.config.polling
     got = 0
     started = time.monotonic()
     idle_since: float | None = None
     while limit is None or got < limit:
         if time.monotonic() - started > claim_budget_seconds:
             break  # keep every lease well inside its visibility timeout
-        want = per_poll if limit is None else min(per_poll, limit - got)
-        msgs = consumer.poll(want)
+        want = polling.max_messages_per_poll
+        msgs = consumer.poll(want if limit is None else min(want, limit - got))
         if not msgs:
             now = time.monotonic()
             idle_since = idle_since or now
             if now - idle_since >= idle_timeout_seconds:
                 break
-            time.sleep(min(interval, max(idle_timeout_seconds - (now - idle_since), 0.0)))
+            time.sleep(min(polling.interval_seconds,
+                           max(idle_timeout_seconds - (now - idle_since), 0.0)))
             continue
         idle_since = None
-        for m in msgs:
-            got += 1
-            yield (m.id, m.topic, m.producer_id, m.created_at, payload_text(m.payload),
-                   m.key, m.lease_key, m.lease_token)
+        got += len(msgs)
+        yield from msgs

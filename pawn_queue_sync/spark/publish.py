@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PayloadError, PublishError
-from .queues import queue_for, queue_for_driver
+from .queues import is_packed, queue_for, queue_for_driver
 from .rows import as_utc, message_id_for, to_jsonable
+from .segments import write_segments
 from .settings import ConfigSource, Settings
 
 if TYPE_CHECKING:
@@ -43,8 +45,10 @@ class Publisher:
         batch_size: int,
         threads: int,
         producer_name: str,
+        packed: bool = False,
     ) -> None:
         self.settings = settings
+        self.packed = packed
         self.topic = topic
         self.payload_col = payload_col
         self.id_col = id_col
@@ -81,18 +85,40 @@ class Publisher:
     def publish(self, rows: Iterable[Row]) -> int:
         """Publish every row; returns how many. Raises PublishError if any write
         failed (after every started write finished)."""
-        producer = queue_for(self.settings).register_producer(self.producer_name)
+        pq = queue_for(self.settings)
+        producer = pq.register_producer(self.producer_name)
+        flush, size = self._flush, self.batch_size
+        if self.packed:  # segments: as many full ones at a time as there are threads
+            flush, size = self._flush_packed, self.threads * max(
+                self.batch_size, pq.config.publishing.max_segment_messages)
         count = 0
         with ThreadPoolExecutor(self.threads, thread_name_prefix="pawnq-spark-pub") as pool:
             batch: list[tuple[Any, str | None, datetime | None]] = []
             for row in rows:
                 batch.append(self.message(row))
-                if len(batch) >= self.batch_size:
-                    count += self._flush(pool, producer, batch)
+                if len(batch) >= size:
+                    count += flush(pool, producer, batch)
                     batch = []
             if batch:
-                count += self._flush(pool, producer, batch)
+                count += flush(pool, producer, batch)
         return count
+
+    def _flush_packed(self, pool: ThreadPoolExecutor, producer: Any, batch: list[Any]) -> int:
+        """Write ``batch`` as segments: through ``publish_batch``, or, when rows carry
+        an id or a time, as segments with deterministic ids (a retried task rewrites
+        the same segments; see :mod:`.segments`)."""
+        if self.id_col is None and self.created_at_col is None:
+            return len(producer.publish_batch(self.topic, [p for p, _, _ in batch],
+                                              threads=self.threads))
+        ctx = queue_for(self.settings).context
+        limits = ctx.config.publishing
+        items = [(payload, mid or str(uuid.uuid4()), when or ctx.next_timestamp())
+                 for payload, mid, when in batch]
+        return write_segments(
+            ctx.store, pool.submit, self.topic, producer.id, items,
+            max_line_bytes=limits.max_payload_bytes,
+            max_messages=limits.max_segment_messages, max_bytes=limits.max_segment_bytes,
+        )
 
     def _flush(self, pool: ThreadPoolExecutor, producer: Any, batch: list[Any]) -> int:
         futures = [
@@ -139,9 +165,12 @@ def publish_dataframe(
     settings = Settings(config)
     with queue_for_driver(settings) as pq:
         pq.context.require_topic(topic)  # fail here, not in every task
+        packed = is_packed(pq.store, topic)
     for col in (payload_col, id_col, created_at_col):
         if col is not None and col not in df.columns:
             raise ValueError(f"no column {col!r} in the DataFrame (columns: {df.columns})")
+    if packed and id_col is not None:  # the same segments from a retried task's rows
+        df = df.sortWithinPartitions(*[c for c in (created_at_col, id_col) if c])
     publisher = Publisher(
         settings,
         topic,
@@ -152,6 +181,7 @@ def publish_dataframe(
         batch_size=batch_size,
         threads=threads,
         producer_name=producer_name,
+        packed=packed,
     )
 
     def run(rows: Iterator[Row]) -> Iterator[int]:

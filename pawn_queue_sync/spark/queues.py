@@ -25,7 +25,14 @@ from ..storage.base import Store
 from ..storage.factory import build_store
 from .settings import ConfigSource, Settings
 
-__all__ = ["executor_queue", "queue_for", "queue_for_driver", "require_topic", "store_for"]
+__all__ = [
+    "executor_queue",
+    "is_packed",
+    "queue_for",
+    "queue_for_driver",
+    "require_topic",
+    "store_for",
+]
 
 T = TypeVar("T")
 
@@ -108,3 +115,12 @@ def require_topic(store: Store, topic: str) -> None:
         store.head(layout.topic_marker_key(topic))
     except ObjectNotFound:
         raise TopicNotFoundError(topic) from None
+
+
+def is_packed(store: Store, topic: str) -> bool:
+    """Whether ``topic`` is packed (its manifest exists: one HEAD)."""
+    try:
+        store.head(layout.packed_manifest_key(topic))
+    except ObjectNotFound:
+        return False
+    return True

@@ -16,6 +16,7 @@ from ..errors import ObjectNotFound
 from ..storage.base import Store
 from .queues import require_topic, store_for
 from .rows import dead_letter_row, decode_doc, snapshot_row
+from .segments import is_segment, pending_segments, segment_rows
 from .settings import Settings
 from .tasks import split_evenly
 
@@ -55,7 +56,8 @@ class SnapshotReader(DataSourceReader):
     """Lists the topic's pending messages (or dead letters) when the query is planned
     and reads them in the executors. Nothing is claimed, acked or deleted: a snapshot
     for inspection and analytics. A message acked between listing and reading is
-    skipped."""
+    skipped. A packed topic's segments are read whole; the messages their leases
+    recorded settled are left out."""
 
     def __init__(
         self, settings: Settings, topic: str, section: str, *, partitions: int, threads: int
@@ -76,11 +78,15 @@ class SnapshotReader(DataSourceReader):
         prefix = (layout.dead_letter_prefix(self.topic) if self.section == "dead-letter"
                   else layout.messages_prefix(self.topic))
         keys = [o.key for o in store.list(prefix).objects]
+        weight = len(keys)
         if self.section == "messages":
             keys = [k for k in keys if layout.parse_message_key(self.topic, k) is not None]
+            segments = pending_segments(store, self.topic)
+            keys += [k for k, _ in segments]
+            weight = len(keys) + sum(n for _, n in segments)
         if not keys:
             return [KeysPartition([])]
-        parts = self.num_partitions or min(16, math.ceil(len(keys) / 500))
+        parts = self.num_partitions or min(16, math.ceil(weight / 500), len(keys))
         return [KeysPartition(chunk) for chunk in split_evenly(keys, parts)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -88,6 +94,11 @@ class SnapshotReader(DataSourceReader):
         if not partition.keys:
             return
         to_row = dead_letter_row if self.section == "dead-letter" else snapshot_row
-        for key, body in fetch(store_for(self.settings), partition.keys, self.threads):
-            if body is not None:
+        store = store_for(self.settings)
+        for key, body in fetch(store, partition.keys, self.threads):
+            if body is None:
+                continue
+            if self.section == "messages" and is_segment(self.topic, key):
+                yield from segment_rows(store, self.topic, key, body)
+            else:
                 yield to_row(self.topic, key, decode_doc(body))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from .. import layout
 from ..errors import StorageError
 from .queues import require_topic, store_for
 from .rows import decode_doc, snapshot_row
+from .segments import is_segment, pending_segments, segment_rows
 from .settings import Settings
 from .snapshot import KeysPartition, fetch
 from .tasks import split_evenly
@@ -47,13 +49,28 @@ __all__ = ["DEFAULT_MAX_PER_BATCH", "HAS_READ_LIMITS", "QueueStreamReader"]
 DEFAULT_MAX_PER_BATCH = 1000
 
 
+#: A segment's name (``{ts}-{uuid}-n{count}``) against a message's (``{ts}-{uuid}``)
+_SEGMENT_NAME = re.compile(r"-n(\d+)$")
+
+
 def _name(topic: str, key: str) -> str:
-    """``{topic}/messages/{name}.json`` -> ``name`` (what offsets record)."""
+    """``{topic}/messages/{name}.json`` or ``{topic}/segments/{name}.seg`` -> ``name``
+    (what offsets record: names of both kinds sort by age together)."""
+    if is_segment(topic, key):
+        return key[len(layout.segments_prefix(topic)) : -len(".seg")]
     return key[len(layout.messages_prefix(topic)) : -len(".json")]
 
 
 def _key(topic: str, name: str) -> str:
+    if _SEGMENT_NAME.search(name):
+        return f"{layout.segments_prefix(topic)}{name}.seg"
     return f"{layout.messages_prefix(topic)}{name}.json"
+
+
+def _size(name: str) -> int:
+    """How many messages the object of ``name`` holds (a segment's count is in it)."""
+    match = _SEGMENT_NAME.search(name)
+    return int(match.group(1)) if match else 1
 
 
 class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -73,6 +90,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     (``partitions(start, end)`` deletes ``start``'s messages: its offsets were committed
     before ``end`` was written). The last batch of a query therefore stays in the topic
     until the query next runs a batch; a replay never sees a deleted message.
+
+    On a packed topic offsets name segments too (``{ts}-{uuid}-n{count}``), in the same
+    key order as messages; a batch takes whole segments, counting their messages
+    towards ``maxMessagesPerBatch`` (but at least one segment, however many it holds),
+    and deletes them as it deletes messages.
     """
 
     def __init__(
@@ -134,7 +156,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         fresh = [n for n in listed if n > high or n not in previous]
         if self._target is not None:
             fresh = [n for n in fresh if n in self._target]
-        take = sorted(fresh)[:cap]
+        take = []
+        for name in sorted(fresh):  # whole segments: at least one object, then up to cap
+            cap -= _size(name)
+            if take and cap < 0:
+                break
+            take.append(name)
         if not take:
             return start
         late = sum(1 for n in take if n <= high)
@@ -143,13 +170,16 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"key": max(high, take[-1]), "keys": take}
 
     def _pending(self, limit: int | None) -> list[str]:
+        """Names of pending messages and segments (each listing up to ``limit``)."""
         store = store_for(self.settings)
         listing = store.list(layout.messages_prefix(self.topic), limit=limit)
-        return [
+        names = [
             _name(self.topic, o.key)
             for o in listing.objects
             if layout.parse_message_key(self.topic, o.key) is not None
         ]
+        return names + [_name(self.topic, k) for k, _ in pending_segments(store, self.topic,
+                                                                          limit)]
 
     # -- batches ------------------------------------------------------------------------
 
@@ -163,7 +193,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, KeysPartition)
         for key, body in fetch(store_for(self.settings), partition.keys, self.threads):
-            if body is not None:
+            if body is not None and is_segment(self.topic, key):
+                yield from segment_rows(None, self.topic, key, body)
+            elif body is not None:
                 yield snapshot_row(self.topic, key, decode_doc(body))
             else:  # only another consumer of the topic could have removed it
                 log.warning("pawnqueue stream %r: %s vanished before it was read",

@@ -14,7 +14,7 @@ from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from ..errors import ConfigError
 from .options import int_option
 from .publish import Publisher
-from .queues import require_topic, store_for
+from .queues import is_packed, require_topic, store_for
 from .settings import Settings
 
 #: The data source's logger, as docs/spark.md names it for the commit's log line.
@@ -39,7 +39,9 @@ class QueueWriter(DataSourceWriter):
 
     Options: ``payloadColumn``, ``idColumn`` (deterministic ids: a retried task
     overwrites), ``createdAtColumn``, ``batchSize``, ``publishThreads``,
-    ``producerName``.
+    ``producerName``. On a packed topic each task writes its rows as segments; with
+    ``idColumn`` their ids are deterministic given the task's rows in their order (see
+    ``docs/spark.md``).
     """
 
     def __init__(
@@ -54,6 +56,8 @@ class QueueWriter(DataSourceWriter):
         self.settings = settings
         self.topic = topic
         self.published: int | None = None
+        store = store_for(settings)
+        require_topic(store, topic)
         self.publisher = Publisher(
             settings,
             topic,
@@ -64,9 +68,8 @@ class QueueWriter(DataSourceWriter):
             batch_size=int_option(options, "batchSize", 500),
             threads=int_option(options, "publishThreads", 8),
             producer_name=options.get("producername", "spark-writer"),
+            packed=is_packed(store, topic),
         )
-        store = store_for(settings)
-        require_topic(store, topic)
 
     def __repr__(self) -> str:
         return f"QueueWriter(topic={self.topic!r}, {self.settings.describe()})"
