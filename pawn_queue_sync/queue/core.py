@@ -9,7 +9,6 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import layout
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
