@@ -81,7 +81,6 @@ def cpu_seconds() -> float:
 
 
 
-
 class Sync:
     """File-based rendezvous with the runner (works across venvs and processes)."""
 
@@ -140,9 +139,14 @@ def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
     os.replace(out + ".tmp", out)
 
 
-def payload(seq: int) -> dict[str, Any]:
-    """A small payload that carries its publish time."""
-    return {"seq": seq, "t": time.time()}
+def payload(seq: int, size: int = 0) -> dict[str, Any]:
+    """A small payload that carries its publish time; with ``size``, padded so that
+    its compact JSON is ``size`` bytes (e.g. 1024 for the packed-topic scenarios)."""
+    doc: dict[str, Any] = {"seq": seq, "t": time.time()}
+    if size:
+        base = len(json.dumps(dict(doc, pad=""), separators=(",", ":")))
+        doc["pad"] = "x" * max(size - base, 0)
+    return doc
 
 
 def publish_time(payload_obj: Any) -> float:

@@ -7,6 +7,7 @@ Requests are counted with a hook on the S3Store's process-local boto3 client
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from driverlib import (
     open_window,
     payload,
     publish_time,
+    quantile,
     role_table,
     start_driver,
     write_result,
@@ -44,7 +46,10 @@ def main() -> None:
         counter.register(pq.store._client().meta.events)  # type: ignore[attr-defined]
         topic = spec["topic"]
         if spec.get("create_topic", True):
-            pq.create_topic(topic)
+            if spec.get("packed"):  # issue 14: a packed topic (segments, group commit)
+                pq.create_topic(topic, packed=True)  # type: ignore[call-arg]
+            else:
+                pq.create_topic(topic)
         write_result(spec, ROLES[spec["role"]](pq, spec, sync, counter, topic))
     finally:
         sync.close()
@@ -59,13 +64,18 @@ def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
     mode = spec.get("mode", "sequential")
     rate = spec.get("rate")
     chunk = int(spec.get("chunk", 0)) or n
+    size = int(spec.get("payload_bytes", 0))
     w = open_window(counter, sync, wait)
     if mode == "batch":
         threads = int(spec.get("threads", 16))
         for start in range(0, n, chunk):
             producer.publish_batch(
-                topic, [payload(i) for i in range(start, min(n, start + chunk))], threads=threads
+                topic, [payload(i, size) for i in range(start, min(n, start + chunk))],
+                threads=threads,
             )
+    elif mode == "threads":
+        late = _publish_threads(producer, topic, n, int(spec.get("threads", 16)), rate, size)
+        return close_window(w, counter, n=n, late_ms=late)
     else:
         t_start = time.monotonic()
         for i in range(n):
@@ -73,8 +83,47 @@ def role_publish(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
                 delay = t_start + i / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            producer.publish(topic, payload(i))
+            producer.publish(topic, payload(i, size))
     return close_window(w, counter, n=n)
+
+
+def _publish_threads(producer: Any, topic: str, n: int, threads: int, rate: float | None,
+                     size: int) -> dict[str, float | None]:
+    """``threads`` threads calling ``publish()`` until ``n`` messages are published; with
+    ``rate``, message i is due at ``i / rate`` s after the start (open loop: a slow
+    publish delays only its thread). Returns how late publishes started (ms p50, p99,
+    max), which tells whether the rate held. Raises the first publish error."""
+    seq = itertools.count()
+    lateness: list[float] = []
+    errors: list[BaseException] = []
+    t_start = time.monotonic()
+
+    def work() -> None:
+        while not errors:
+            i = next(seq)
+            if i >= n:
+                return
+            if rate:
+                delay = t_start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                else:
+                    lateness.append(-delay * 1000.0)
+            try:
+                producer.publish(topic, payload(i, size))
+            except BaseException as exc:
+                errors.append(exc)
+
+    pool = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    if errors:
+        raise errors[0]
+    late = sorted(lateness + [0.0] * (n - len(lateness))) if rate else []
+    return {"p50": quantile(late, 0.5), "p99": quantile(late, 0.99),
+            "max": late[-1] if late else None}
 
 
 def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: RequestCounter,
@@ -104,10 +153,18 @@ def role_consume(pq: PawnQueue, spec: dict[str, Any], sync: Sync, counter: Reque
 
 def _consume_listen(consumer: Any, spec: dict[str, Any], sync: Sync) -> int:
     """Consume with ``consumer.listen`` (its thread pool and batched acks). Ack times
-    are taken when ``ack_many`` returns, by wrapping it on this consumer instance."""
+    are taken when ``ack_many`` returns, by wrapping it on this consumer instance; with
+    ``stamp: "handler"`` the time the handler was called is recorded instead (end to end
+    publish -> handler), and every call counts (a redelivery shows as a duplicate)."""
     stop = threading.Event()
     done = 0
     ack_many = consumer.ack_many
+    handled: list[tuple[str, float, float]] = []
+    by_handler = spec.get("stamp") == "handler"
+
+    def handler(msg: Any) -> None:
+        if by_handler:  # list.append is atomic: the watcher writes the rows out
+            handled.append((msg.id, publish_time(msg.payload), time.time()))
 
     def timed_ack_many(msgs: Any) -> None:
         nonlocal done
@@ -121,17 +178,29 @@ def _consume_listen(consumer: Any, spec: dict[str, Any], sync: Sync) -> int:
                 sync.record_acks(rows)
                 done += len(rows)
 
-    consumer.ack_many = timed_ack_many
+    if not by_handler:
+        consumer.ack_many = timed_ack_many
+    written = 0
+
+    def flush_handled() -> None:
+        nonlocal written, done
+        upto = len(handled)
+        if upto > written:
+            sync.record_acks(handled[written:upto])
+            done += upto - written
+            written = upto
 
     def watcher() -> None:
         while not sync.stopped():
             time.sleep(0.02)
+            flush_handled()
         stop.set()
 
     th = threading.Thread(target=watcher, daemon=True)
     th.start()
-    consumer.listen(lambda msg: None, max_workers=int(spec.get("workers", 8)), stop_event=stop)
+    consumer.listen(handler, max_workers=int(spec.get("workers", 8)), stop_event=stop)
     th.join()
+    flush_handled()
     return done
 
 

@@ -6,6 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import packed_report
+from benchmarks.rows import fmt as _f
+from benchmarks.rows import target as _target
+
 OURS, PQ = "ours", "pawn-queue"
 #: ours' scenario -> pawn-queue's scenario it is compared with
 BASELINE = {"consume_1proc_listen": "consume_1proc"}
@@ -66,6 +70,7 @@ def build(bench: Any, info: dict[str, Any], *, quick: bool,
         "idle": idle,
     }
     doc["targets"] = targets(doc)
+    doc["packed"] = packed_report.build(list(getattr(bench, "packed", [])), previous)
     return doc
 
 
@@ -93,13 +98,6 @@ def _row(doc: dict[str, Any], scenario: str, lib: str) -> dict[str, Any] | None:
         if r.get("scenario") == scenario and r.get("lib") == lib:
             return r
     return None
-
-
-def _target(name: str, value: float | None, limit: float, op: str, detail: str = "",
-            ) -> dict[str, Any]:
-    met = None if value is None else (value >= limit if op == ">=" else value <= limit)
-    return {"target": name, "value": value, "limit": f"{op} {limit:g}", "met": met,
-            "detail": detail}
 
 
 def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -166,14 +164,6 @@ def _ops_per_msg(r: dict[str, Any]) -> str:
 
 def _fmt_ops(ops: dict[str, int]) -> str:
     return ", ".join(f"{op} {k}" for op, k in sorted(ops.items()))
-
-
-def _f(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -248,7 +238,7 @@ def markdown(doc: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[t["met"]]
         lines.append(f"| {t['target']} | {_f(t['value'], 2)} | {t['limit']} | {met} | "
                      f"{t['detail']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + packed_report.markdown(doc.get("packed") or {})
 
 
 def machine_md(m: dict[str, Any]) -> str:
@@ -343,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     doc = json.loads(args.results.read_text())
     doc["targets"] = targets(doc)
+    if doc.get("packed"):
+        doc["packed"] = packed_report.build(doc["packed"]["rows"], None)
     print(markdown(doc))
     if args.doc:
         write_doc(doc, here.parent / "docs" / "performance.md")

@@ -77,3 +77,21 @@ def sum_ops(dicts: Any) -> dict[str, int]:
             out[k] = out.get(k, 0) + v
     return dict(sorted(out.items()))
 
+
+
+def target(name: str, value: float | None, limit: float, op: str,
+           detail: str = "") -> dict[str, Any]:
+    """A target row: ``value`` against ``op`` (">=" or "<=") ``limit``; met is None
+    when nothing was measured."""
+    met = None if value is None else (value >= limit if op == ">=" else value <= limit)
+    return {"target": name, "value": value, "limit": f"{op} {limit:g}", "met": met,
+            "detail": detail}
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """A number for a table: thousands separated, ``-`` for None."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
