@@ -297,6 +297,13 @@ How each library is driven:
 - Settings shared by both: `interval_seconds=0.2`, `visibility_timeout_seconds=30`, the
   same `max_messages_per_poll` per row, csprng_verify at both libraries' defaults
   (jitter 100-400 ms, 2 verify retries 150 ms apart).
+- **Packed topics (issue 14)**, in the same run and on the same server
+  (`--only packed,redis,spark` for these alone): 1 KiB payloads, a packed and a plain
+  topic per step with the same settings (`benchmarks/packed.py`); redis-message-queue 11
+  on a local `redis-server` as an anchor (`benchmarks/rmq.py`); Spark on `local[2]`
+  (`benchmarks/spark_bench.py`, with `--spark` or in a full run). What bounds each
+  figure: `python -m benchmarks.probe_packed SCENARIO --py-spy` (requests in flight,
+  CPU, a py-spy profile of every thread).
 """
 
 

@@ -42,6 +42,7 @@ def _session(workdir: str) -> Any:
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.python.worker.reuse", "true")
             .config("spark.local.dir", workdir)
@@ -66,6 +67,14 @@ def run_spark(packed_run: PackedRun) -> None:
     log.info("Spark session up in %.1f s", time.monotonic() - t0)
     try:
         config = packed_run.config()
+        # warm up: start the Python workers and their clients (not measured), so that
+        # the first measured call does not pay for them
+        warm = bench.topic("spark-warmup")
+        packed_run.make_topic(warm, PLAIN)
+        pqspark.publish_dataframe(spark.range(0, 4, numPartitions=2), warm, config)
+        pqspark.process_topic(spark, warm, lambda m: None, config, partitions=2,
+                              max_messages=4, idle_timeout_seconds=5.0)
+        log.info("Spark warmed up in %.1f s", time.monotonic() - t0)
         for kind in (PACKED, PLAIN):
             n = counts[kind]
             topic = bench.topic(f"spark-{kind}")
