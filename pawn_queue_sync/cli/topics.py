@@ -49,7 +49,8 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     topics.add_argument("--packed", action="store_true",
                         help="with --create: packed topics (many messages per object; "
                              "pawn-queue 0.1.x consumers do not see them)")
-    topics.add_argument("--stats", action="store_true", help="with pending/leased/dead counts")
+    topics.add_argument("--stats", action="store_true",
+                        help="with pending/leased/dead counts (packed topics: and segments)")
     topics.set_defaults(func=cmd_topics)
 
 
