@@ -142,10 +142,10 @@ def write_result(spec: dict[str, Any], result: dict[str, Any]) -> None:
 def payload(seq: int, size: int = 0) -> dict[str, Any]:
     """A small payload that carries its publish time; with ``size``, padded so that
     its compact JSON is ``size`` bytes (e.g. 1024 for the packed-topic scenarios)."""
-    doc: dict[str, Any] = {"seq": seq, "t": time.time()}
-    if size:
-        base = len(json.dumps(dict(doc, pad=""), separators=(",", ":")))
-        doc["pad"] = "x" * max(size - base, 0)
+    t = time.time()
+    doc: dict[str, Any] = {"seq": seq, "t": t}
+    if size:  # len('{"seq":' ',"t":' ',"pad":""}') == 22; json writes floats by repr
+        doc["pad"] = "x" * max(size - 22 - len(str(seq)) - len(repr(t)), 0)
     return doc
 
 

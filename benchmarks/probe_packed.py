@@ -5,6 +5,7 @@ thread of this process (leaf functions and files by samples).
 
     python -m benchmarks.probe_packed publish16 [-n 50000] [--py-spy]
     python -m benchmarks.probe_packed publish_batch|consume|consume_plain [...]
+    python -m benchmarks.probe_packed puts   # PUT latency and throughput by object size
 
 ``--py-spy`` uses ``py-spy`` from PATH, from ``$PY_SPY`` or from
 ``~/.cache/pawn-queue-sync/pyspy-venv`` (``python -m venv`` + ``pip install py-spy``:
@@ -149,6 +150,45 @@ def run(args: argparse.Namespace, endpoint: str, server: SeaweedServer | None) -
     return result
 
 
+def put_costs(endpoint: str, server: SeaweedServer | None) -> dict[str, Any]:
+    """What one PUT costs by object size, through the library's store: the latency of
+    sequential PUTs (p50, p90) and the rate of 16 concurrent ones, with the server's CPU.
+    A segment of 16 messages of 1 KiB is ~18 KiB; a full one (1,000) ~1.1 MiB."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pawn_queue_sync import PawnQueue, load_config
+
+    pq = PawnQueue(load_config(lib_config(OURS, endpoint, "pqs-probe", "conditional_write",
+                                          polling(10))))
+    pq.setup()
+    store = pq.store
+    out: dict[str, Any] = {"scenario": "puts", "sizes": []}
+    for size, count in ((1200, 200), (18 * 1024, 200), (1100 * 1024, 40)):
+        body = b"x" * size
+        lat = []
+        for i in range(count):
+            t = time.perf_counter()
+            store.put(f"puts/{size}/seq-{i}", body)
+            lat.append(1000 * (time.perf_counter() - t))
+        lat.sort()
+        srv0 = server.cpu_seconds() if server else None
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda i, b=body, z=size: store.put(f"puts/{z}/par-{i}", b),
+                          range(count)))
+        took = time.perf_counter() - t0
+        srv = (server.cpu_seconds() or 0) - srv0 if server and srv0 is not None else None
+        out["sizes"].append({
+            "bytes": size, "sequential_ms_p50": lat[len(lat) // 2],
+            "sequential_ms_p90": lat[int(len(lat) * 0.9)],
+            "concurrent16_puts_per_s": count / took,
+            "concurrent16_mib_per_s": count * size / took / 2**20,
+            "server_cpu_ms_per_put": 1000 * srv / count if srv is not None else None})
+    out["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    pq.teardown()
+    return out
+
+
 def _publish16(producer: Any, topic: str, n: int) -> None:
     seq = iter(range(n))
     lock = threading.Lock()
@@ -208,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_packed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", choices=["publish16", "publish_batch", "consume",
-                                        "consume_plain"])
+                                        "consume_plain", "puts"])
     p.add_argument("-n", type=int, default=20000)
     p.add_argument("--endpoint")
     p.add_argument("--py-spy", action="store_true")
@@ -224,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         store = S3Store(cfg.s3)
         store.ensure_bucket(create=True)
         store.close()
-        result = run(args, endpoint, server)
+        result = (put_costs(endpoint, server) if args.scenario == "puts"
+                  else run(args, endpoint, server))
     print(json.dumps(result, indent=1))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"probe_packed-{args.scenario}.json").write_text(json.dumps(result, indent=1))
