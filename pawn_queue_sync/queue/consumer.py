@@ -3,7 +3,8 @@
 A consumer keeps the public poll/ack API, its registry entry (heartbeat, rank among
 the registered consumers) and what it holds; how a topic's messages are planned,
 claimed and settled is its :class:`~pawn_queue_sync.queue.source.MessageSource`'s
-(today every topic stores one object per message: :mod:`.objects`). ``listen`` and
+(one object per message, :mod:`.objects`; a packed topic's segments first,
+:mod:`.packed`). ``listen`` and
 ``leased`` run the :mod:`~pawn_queue_sync.runtime` on it.
 """
 
@@ -24,6 +25,7 @@ from .claimant import Claimant
 from .context import Context
 from .message import Message
 from .objects import ObjectSource
+from .packed import PackedSource
 from .registry import RegistryEntry
 from .source import MessageSource
 
@@ -52,10 +54,16 @@ class Consumer:
         self._peers_at = 0.0
         #: when (monotonic) our registry entry was last written: registration just did
         self._beat_at = ctx.clock.monotonic()
-        #: topics stored one object per message (today: every topic)
+        #: messages stored one object each (every plain topic's, and a packed topic's
+        #: single messages)
         self._objects = ObjectSource(self._claimant, self._registered_peers)
-        #: topic -> the source its messages come from and are settled by
+        #: packed topics' segments (their single messages through ``_objects``)
+        self._packed = PackedSource(self._claimant, self._registered_peers, self._objects)
+        #: topic -> the source its messages come from and are settled by (a packed
+        #: topic's segments excepted: see _polled and _source)
         self._sources: dict[str, MessageSource] = dict.fromkeys(self._topics, self._objects)
+        for topic in self._topics:  # asked now, so a first poll costs what it did
+            ctx.topic_packed(topic)
         #: the listeners running :meth:`listen` now: :meth:`stop` and :meth:`close`
         #: stop them
         self._listeners: set[Listener] = set()
@@ -114,7 +122,7 @@ class Consumer:
                 break
             topic = self._topics[(start + i) % len(self._topics)]
             try:
-                got.extend(self._source(topic).poll(topic, want - len(got)))
+                got.extend(self._polled(topic).poll(topic, want - len(got)))
             except StorageError as exc:  # claims made elsewhere are kept, never dropped
                 failed.append((topic, exc))
         if failed and not got:
@@ -140,10 +148,21 @@ class Consumer:
             raise ValueError(f"max_messages must be >= 0, got {max_messages}")
         return max_messages
 
-    def _source(self, topic: str) -> MessageSource:
-        """The source of ``topic``'s messages (one object each for a topic not ours:
-        a message handed to us by another consumer settles as before)."""
-        return self._sources.get(topic, self._objects)
+    def _polled(self, topic: str) -> MessageSource:
+        """The source a poll of ``topic`` asks: segments first for a packed topic (whose
+        manifest the context looks up at most every PACKED_RECHECK_SECONDS)."""
+        source = self._sources.get(topic, self._objects)
+        if source is self._objects and self._ctx.topic_packed(topic):
+            return self._packed
+        return source
+
+    def _source(self, msg: Message) -> MessageSource:
+        """The source that settles ``msg``: a message of a segment, the packed source;
+        any other, its topic's (a packed topic's single messages settle as plain ones;
+        one object each for a topic not ours)."""
+        if msg.segment is not None:
+            return self._packed
+        return self._sources.get(msg.topic, self._objects)
 
     def _registered_peers(self) -> tuple[int, int]:
         """Our rank among the live registered consumers (see :func:`registry.rank`:
@@ -200,7 +219,7 @@ class Consumer:
         """
         groups: dict[int, tuple[MessageSource, list[Message]]] = {}
         for msg in msgs:
-            source = self._source(msg.topic)
+            source = self._source(msg)
             groups.setdefault(id(source), (source, []))[1].append(msg)
         failures: list[StorageError | LeaseLostError] = []
         for source, group in groups.values():  # each source acks its own
@@ -215,11 +234,11 @@ class Consumer:
         """Write the message to the dead-letter prefix with ``reason``, then delete it
         and its lease. If the dead-letter write fails, nothing is deleted."""
         _check_text("reason", reason)
-        self._source(msg.topic).nack(msg, reason)
+        self._source(msg).nack(msg, reason)
 
     def release(self, msg: Message) -> None:
         """Give the lease back so the message is delivered again at once."""
-        self._source(msg.topic).release(msg)
+        self._source(msg).release(msg)
 
     def retry(self, msg: Message, error: str | None = None) -> None:
         """Record a failed attempt on the message itself, then release it.
@@ -228,7 +247,7 @@ class Consumer:
         that takes it next knows its ``delivery_count``.
         """
         _check_text("error", error)
-        self._source(msg.topic).retry(msg, error)
+        self._source(msg).retry(msg, error)
 
     def refresh(self, msg: Message) -> None:
         """Extend our lease by a visibility timeout, proving it is still ours.
@@ -239,10 +258,13 @@ class Consumer:
         the ack deleting the lease is no loss). Raises LeaseLostError if another
         lease was found (the message is then ``lost``) or the message was given back.
         """
-        self._source(msg.topic).refresh(msg)
+        self._source(msg).refresh(msg)
 
     def lease_age(self, msg: Message) -> float:
-        """Seconds since our current lease version was written (by the local clock)."""
+        """Seconds since our current lease version was written (by the local clock;
+        for a message of a segment, the segment's lease)."""
+        if msg.segment is not None:
+            return msg.segment.age()
         return self._ctx.clock.monotonic() - msg.lease_written_at
 
     # -- the runtime ------------------------------------------------------------------------
@@ -288,6 +310,17 @@ class Consumer:
         finally:
             with self._lock:
                 self._listeners.discard(listener)
+            self.give_back()
+
+    def give_back(self) -> None:
+        """Give back the segments of packed topics we hold with no message out
+        (``released``, their progress kept), so other consumers take them at once
+        rather than after a visibility timeout. :meth:`close` and the end of
+        :meth:`listen` do it; a segment with messages out stays ours."""
+        try:
+            self._packed.give_back()
+        except StorageError as exc:  # they go stale instead
+            log.warning("consumer %r: could not give back segments: %s", self.name, exc)
 
     def stop(self) -> None:
         """Ask a running :meth:`listen` to stop gracefully."""
@@ -302,10 +335,12 @@ class Consumer:
             listener.stop()
         clock = self._ctx.clock  # as Listener.join measures its timeout
         ends = None if timeout is None else clock.monotonic() + timeout
-        return all([
+        joined = all([
             bool(listener.join(None if ends is None else max(0.0, ends - clock.monotonic())))
             for listener in listeners
         ])
+        self.give_back()
+        return joined
 
     def _running(self) -> list[Listener]:
         with self._lock:
@@ -313,7 +348,7 @@ class Consumer:
 
     def janitor(self, topic: str | None = None) -> int:
         """Remove stale leases now; returns how many leases are live afterwards."""
-        return sum(self._source(t).janitor(t) for t in ([topic] if topic else self._topics))
+        return sum(self._polled(t).janitor(t) for t in ([topic] if topic else self._topics))
 
 
 def _check_text(name: str, value: object) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -12,6 +12,7 @@ import attrs
 
 if TYPE_CHECKING:
     from .consumer import Consumer
+    from .held import HeldSegment
 
 State = Literal["leased", "acked", "nacked", "released", "lost"]
 #: What :meth:`Message.begin_ack` found: ``ours`` (this ack settles it), ``settled``
@@ -51,6 +52,10 @@ class Message:
     body: dict[str, Any] = attrs.field(factory=dict, repr=False)
     etag: str = attrs.field(default="", repr=False)
     state: State = "leased"
+    #: packed topics: the held segment this message came from (None: a message stored
+    #: on its own), and its index there
+    segment: HeldSegment | None = attrs.field(default=None, repr=False)
+    index: int = attrs.field(default=-1, repr=False)
     _consumer: Consumer | None = attrs.field(default=None, repr=False, alias="consumer")
     _lock: threading.RLock = attrs.field(factory=threading.RLock, repr=False, init=False)
     #: an ack of this message is under way: refreshes, nacks and releases stand aside
@@ -138,6 +143,23 @@ class Message:
             self._settling = True
             self._unsettled.clear()
             return "ours"
+
+    @staticmethod
+    def begin_acks(msgs: Iterable[Message]) -> tuple[list[Message], list[Message], list[Message]]:
+        """:meth:`begin_ack` of each message (once each): those this ack settles (call
+        :meth:`end_ack` on each), those lost, and those another ack is settling."""
+        ours: list[Message] = []
+        lost: list[Message] = []
+        others: list[Message] = []
+        for msg in dict.fromkeys(msgs):
+            start = msg.begin_ack()
+            if start == "other":
+                others.append(msg)
+            elif start == "lost":
+                lost.append(msg)
+            elif start == "ours":
+                ours.append(msg)
+        return ours, lost, others
 
     def end_ack(self) -> None:
         """The ack begun by :meth:`begin_ack` is over (whatever became of it)."""

@@ -86,17 +86,9 @@ def renew(claimant: Claimant, msg: Message) -> None:
 
 def ack_many(claimant: Claimant, msgs: Iterable[Message]) -> None:
     """See :meth:`Consumer.ack_many <pawn_queue_sync.queue.consumer.Consumer.ack_many>`."""
-    todo: list[Message] = []
-    lost: list[Message] = []
-    others: list[Message] = []  # being acked by another call: its outcome is ours
-    for msg in dict.fromkeys(msgs):
-        start = msg.begin_ack()  # waits for a refresh under way
-        if start == "other":
-            others.append(msg)
-        elif start == "lost":
-            lost.append(msg)
-        elif start == "ours":
-            todo.append(msg)
+    # others: being acked by another call, whose outcome is ours (begin_ack waits for
+    # a refresh under way)
+    todo, lost, others = Message.begin_acks(msgs)
     errors: list[StorageError] = []
     try:
         _ack_fenced(claimant, todo, lost, errors)

@@ -1,0 +1,253 @@
+"""Packed topics: many messages per segment object, one lease per segment, progress
+per message inside the lease (docs/guarantees.md, Packed topics). The second
+:class:`~pawn_queue_sync.queue.source.MessageSource`, beside
+:class:`~pawn_queue_sync.queue.objects.ObjectSource`, which still serves the topic's
+single messages (written before it was packed, or by pawn-queue producers).
+
+A poll hands out messages of the segments we hold first (:mod:`.held`: each delivery
+recorded before it is returned), claims more segments when those have nothing left to
+hand out (:mod:`.segment_claims`), then polls the topic's single messages for what is
+still wanted (at most once a poll interval while none are found). Settlements are
+recorded in the segment's lease, group-committed: an ack batch costs one lease write
+per segment; a segment whose messages are all settled is deleted, then its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from .. import layout
+from ..errors import LeaseLostError, StorageError
+from ..protocol import lease as leases
+from .claimant import Claimant
+from .held import HeldSegment
+from .message import Message
+from .objects import ObjectSource
+from .segment_claims import PackedState, claim_segments, reap_gone
+
+log = logging.getLogger(__name__)
+
+
+class PackedSource:
+    """Claims and settles the messages of packed topics for one consumer."""
+
+    def __init__(
+        self, claimant: Claimant, peers: Callable[[], tuple[int, int]], objects: ObjectSource
+    ) -> None:
+        self._claimant = claimant
+        self._peers = peers
+        self._objects = objects
+        self._states: dict[str, PackedState] = {}
+
+    def state(self, topic: str) -> PackedState:
+        state = self._states.get(topic)
+        if state is None:
+            state = self._states.setdefault(topic, PackedState())
+        return state
+
+    # -- polling ----------------------------------------------------------------------------
+
+    def poll(self, topic: str, want: int) -> list[Message]:
+        """Up to ``want`` messages of ``topic``: from segments first, then single ones."""
+        state = self.state(topic)
+        with state.lock:
+            got = self._from_segments(topic, state, want)
+        rest = want - len(got)
+        ctx = self._claimant.ctx
+        now = ctx.clock.monotonic()
+        due = state.singles_found or now - state.singles_at >= ctx.config.polling.interval_seconds
+        if rest > 0 and (due or not got):
+            try:
+                singles = self._objects.poll(topic, rest)
+            except StorageError as exc:
+                if not got:
+                    raise
+                log.warning("poll of single messages of %r failed: %s", topic, exc)
+                singles = []
+            state.singles_at, state.singles_found = now, bool(singles)
+            got.extend(singles)
+        return got
+
+    def _from_segments(self, topic: str, state: PackedState, want: int) -> list[Message]:
+        got: list[Message] = []
+        errors: list[StorageError] = []
+        state.held = [s for s in state.held if not (s.done or s.lost)]
+        for seg in list(state.held):
+            if len(got) >= want:
+                return got
+            try:
+                got.extend(seg.hand_out(want - len(got)))
+            except LeaseLostError:
+                continue
+            except StorageError as exc:
+                errors.append(exc)
+        state.held = [s for s in state.held if not (s.done or s.lost)]
+        busy = sum(1 for s in state.held if s.pending or s.reserved)
+        slots = self._claimant.ctx.config.polling.max_segments_held - busy
+        if len(got) < want and slots > 0:
+            try:
+                new = claim_segments(self._claimant, state, topic, slots, want - len(got),
+                                     self._peers)
+            except StorageError as exc:
+                errors.append(exc)
+                new = []
+            state.held.extend(new)
+            for seg in new:
+                if len(got) < want:
+                    try:
+                        got.extend(seg.hand_out(want - len(got)))
+                    except (StorageError, LeaseLostError) as exc:
+                        log.warning("hand-out of segment %s failed: %s", seg.key, exc)
+        if errors and not got:
+            raise errors[0]
+        return got
+
+    def janitor(self, topic: str) -> int:
+        """Remove stale leases of gone segments (and of single messages) now; how many
+        leases are live afterwards."""
+        ctx = self._claimant.ctx
+        listing = ctx.store.list(layout.segment_leases_prefix(topic))
+        now = listing.server_time or ctx.store.server_time()
+        segs = ctx.store.list(layout.segments_prefix(topic))
+        present = {parsed[0] for info in segs.objects
+                   if (parsed := layout.parse_segment_key(topic, info.key))}
+        live = 0
+        for info in listing.objects:
+            sid = layout.segment_lease_id(topic, info.key)
+            stale = leases.is_stale(info.last_modified, now, ctx.visibility)
+            if sid is not None and sid not in present and stale and not segs.truncated:
+                reap_gone(self._claimant, info)
+            else:
+                live += 1
+        return live + self._objects.janitor(topic)
+
+    def give_back(self) -> None:
+        """Give back every held segment with no message out (``released``, progress
+        kept): another consumer may take it at once."""
+        for state in list(self._states.values()):
+            with state.lock:
+                for seg in state.held:
+                    if seg.give_back() and not seg.lost:
+                        state.released[seg.lease_key] = seg.token
+                state.held = [s for s in state.held if not (s.done or s.lost)]
+
+    # -- settling ---------------------------------------------------------------------------
+
+    def ack_many(self, msgs: Sequence[Message]) -> None:
+        """One lease write per segment (concurrent callers share it); see
+        :meth:`Consumer.ack_many <pawn_queue_sync.queue.consumer.Consumer.ack_many>`."""
+        claimant = self._claimant
+        todo, lost, others = Message.begin_acks(msgs)
+        groups: dict[int, tuple[HeldSegment, list[Message]]] = {}
+        for msg in todo:
+            assert msg.segment is not None
+            groups.setdefault(id(msg.segment), (msg.segment, []))[1].append(msg)
+        try:
+            outcomes = claimant.in_parallel(lambda g: _ack_segment(claimant, *g),
+                                            list(groups.values()))
+        finally:
+            for msg in todo:
+                msg.end_ack()
+        errors = [e for e in outcomes if isinstance(e, StorageError)]
+        lost.extend(m for m in todo if m.state == "lost")
+        for msg in others:
+            msg.wait_for_ack()
+        retry = [m for m in others if m.state == "leased"]
+        try:
+            if retry:
+                self.ack_many(retry)
+        except (StorageError, LeaseLostError) as exc:
+            if isinstance(exc, StorageError):
+                errors.append(exc)
+        unacked = [m for m in todo if m.state == "leased"]
+        if unacked:
+            raise StorageError(f"{len(unacked)} message(s) not acked, still leased: "
+                               f"{errors[0] if errors else 'the store failed'}",
+                               key=unacked[0].key) from (errors[0] if errors else None)
+        if errors:
+            raise errors[0]
+        if lost:
+            raise LeaseLostError(lost[0].id, f"{len(lost)} message(s) not acked")
+
+    def nack(self, msg: Message, reason: str | None) -> None:
+        seg = _segment(msg)
+        with msg.exclusive_unsettled():
+            if msg.state in ("acked", "nacked"):
+                return
+            if msg.state != "leased":
+                raise LeaseLostError(msg.id, f"message was {msg.state}")
+            if not seg.fresh():
+                seg.renew()  # still ours before the dead letter is written
+            doc = seg.dead_letter_doc(msg.index, reason or "nacked", msg.delivery_count)
+            self._claimant.ctx.store.put(layout.dead_letter_key(msg.topic, msg.id), doc)
+            seg.commit(seg.change(lambda p: p.settle([msg.index])))
+            seg.settled_out(msg.index)
+            self._claimant.settled(msg, "nacked")
+        seg.finish_if_complete()
+
+    def retry(self, msg: Message, error: str | None) -> None:
+        seg = _segment(msg)
+        with msg.exclusive():
+            if msg.state != "leased" or msg.settling:
+                return
+            i = msg.index
+            seg.commit(seg.change(lambda p: p.with_error(i, error) if error else p))
+            self._claimant.settled(msg, "released")
+            seg.back(i)
+
+    def release(self, msg: Message) -> None:
+        seg = _segment(msg)
+        with msg.exclusive():
+            if msg.state != "leased" or msg.settling:
+                return
+            i = msg.index
+            version = seg.change(lambda p: p.release([i]))
+            self._claimant.settled(msg, "released")
+            seg.back(i)
+        try:
+            seg.commit(version)
+        except (StorageError, LeaseLostError) as exc:  # carried by the next write
+            log.warning("release of %s/%s not recorded yet: %s", msg.topic, msg.id, exc)
+
+    def refresh(self, msg: Message) -> None:
+        """Rewrite the segment's lease if it is older than half the refresh interval
+        (one write serves every message of the segment)."""
+        seg = _segment(msg)
+        with msg.exclusive():
+            if msg.settling or msg.state in ("acked", "nacked"):
+                return
+            if msg.state != "leased":
+                raise LeaseLostError(msg.id, f"message was {msg.state}")
+            half = self._claimant.ctx.config.polling.lease_refresh_interval_seconds / 2
+            if seg.age() >= half:
+                seg.renew()
+            msg.lease_token, msg.lease_written_at = seg.token, seg.written_at
+
+
+def _segment(msg: Message) -> HeldSegment:
+    if msg.segment is None:
+        raise TypeError("not a message of a segment")
+    return msg.segment
+
+
+def _ack_segment(
+    claimant: Claimant, seg: HeldSegment, msgs: list[Message]
+) -> StorageError | None:
+    """Record the acks of ``msgs`` (one segment's) in one write, shared with
+    concurrent callers; finish the segment if it is complete."""
+    indexes = [m.index for m in msgs]
+    try:
+        seg.commit(seg.change(lambda p: p.settle(indexes)))
+    except LeaseLostError:
+        return None  # its messages out are lost now
+    except StorageError as exc:
+        return exc
+    for msg in msgs:
+        seg.settled_out(msg.index)
+        claimant.settled(msg, "acked")
+    seg.finish_if_complete()
+    return None
+
+
+__all__ = ["PackedSource"]
