@@ -117,7 +117,8 @@ class PackedRun:
     def run(self) -> None:
         for name, step in (("pk_publish16", self.publish16),
                            ("pk_publish_batch", self.publish_batch),
-                           ("pk_consume", self.consume), ("pk_e2e", self.e2e)):
+                           ("pk_consume", self.consume), ("pk_e2e", self.e2e),
+                           ("pk_e2e_linger50", lambda: self.e2e(linger_ms=50))):
             log.info("== %s", name)
             try:
                 step()
@@ -183,24 +184,31 @@ class PackedRun:
             for _, phase in started:
                 drivers.abort(phase)
 
-    def e2e(self) -> None:
+    def e2e(self, linger_ms: int | None = None) -> None:
+        """End to end at a steady rate; with ``linger_ms``, the producer's
+        ``publishing.linger_ms`` (default 5): fuller segments for a longer wait."""
         rate, seconds = self.size["e2e_rate"], self.size["e2e_seconds"]
         n = int(rate * seconds)
-        topic = self.bench.topic("pk_e2e-packed")
+        suffix = f"_linger{linger_ms}" if linger_ms is not None else ""
+        topic = self.bench.topic(f"pk_e2e{suffix}-packed")
         self.make_topic(topic, PACKED)
         cfg = self.config()
+        prod_cfg = self.config()
+        if linger_ms is not None:
+            prod_cfg["publishing"]["linger_ms"] = linger_ms
         cons = {"role": "consume", "mode": "listen", "stamp": "handler", "topic": topic,
                 "create_topic": False, "config": cfg, "workers": CONSUME["workers"],
                 "name": "bench-e2e"}
         prod = {"role": "publish", "mode": "threads", "threads": 64, "rate": rate, "n": n,
                 "payload_bytes": PAYLOAD_BYTES, "topic": topic, "create_topic": False,
-                "config": cfg, "name": "bench-e2e-producer", "counted": False}
+                "config": prod_cfg, "name": "bench-e2e-producer", "counted": False}
         run = self.bench.drivers.drive(OURS, [cons, prod], timeout=seconds + 120, expect=n)
-        row = summary_row(f"pk_e2e_{rate:g}msg_s", PACKED, run, published=n, processes=1,
-                          strategy="conditional_write", consume=True,
+        row = summary_row(f"pk_e2e_{rate:g}msg_s{suffix}", PACKED, run, published=n,
+                          processes=1, strategy="conditional_write", consume=True,
                           mode=f"1 producer process at {rate:,.0f} msg/s (64 threads "
-                               f"calling publish()) + 1 consumer process (listen, "
-                               f"{CONSUME['workers']} workers)",
+                               f"calling publish(), linger_ms="
+                               f"{linger_ms if linger_ms is not None else '5 (default)'}) "
+                               f"+ 1 consumer process (listen, {CONSUME['workers']} workers)",
                           note="latency: publish() call -> handler call; requests and "
                                "CPU are the consumer's (the producer's are in producer_*)")
         prod_res = run["results"][1]

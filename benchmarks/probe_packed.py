@@ -103,6 +103,15 @@ def run(args: argparse.Namespace, endpoint: str, server: SeaweedServer | None) -
 
     cfg = lib_config(OURS, endpoint, "pqs-probe", "conditional_write",
                      polling(CONSUME["max_messages"]), CONSUME["claim_threads"])
+    if args.segment_messages:  # e.g. 16: the segments a steady 2,000 msg/s makes
+        cfg["publishing"]["max_segment_messages"] = args.segment_messages
+    for item in args.set:  # SECTION.KEY=VALUE (VALUE as JSON where it parses)
+        name, _, value = item.partition("=")
+        section, _, key = name.partition(".")
+        try:
+            cfg.setdefault(section, {})[key] = json.loads(value)
+        except ValueError:
+            cfg.setdefault(section, {})[key] = value
     pq = PawnQueue(load_config(cfg))
     pq.setup()
     counter, inflight = RequestCounter(), InFlight()
@@ -134,7 +143,8 @@ def run(args: argparse.Namespace, endpoint: str, server: SeaweedServer | None) -
     took, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     srv = (server.cpu_seconds() or 0) - srv0 if server and srv0 is not None else None
     result = {
-        "scenario": args.scenario, "messages": n, "seconds": took, "msgs_per_s": n / took,
+        "scenario": args.scenario, "settings": args.set, "messages": n, "seconds": took,
+        "msgs_per_s": n / took,
         "client_cpu_ms_per_msg": 1000 * cpu / n, "client_cpu_cores": cpu / took,
         "server_cpu_ms_per_msg": 1000 * srv / n if srv is not None else None,
         "server_cpu_cores": srv / took if srv is not None else None,
@@ -252,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=20000)
     p.add_argument("--endpoint")
     p.add_argument("--py-spy", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a setting of the probe's client, e.g. polling.max_segments_held=16")
+    p.add_argument("--segment-messages", type=int, default=0,
+                   help="publishing.max_segment_messages of the probe's client (the seeded "
+                        "backlog's segment size for consume)")
     args = p.parse_args(argv)
     with SeaweedServer() if not args.endpoint else contextlib.nullcontext() as server:
         endpoint = args.endpoint or server.endpoint
