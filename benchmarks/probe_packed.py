@@ -1,7 +1,8 @@
 """What bounds a packed-topic scenario: one scenario in this process, with its S3
 requests counted by operation, the requests in flight (time-weighted mean and
-maximum), the process's and the server's CPU, and optionally a py-spy profile of every
-thread of this process (leaf functions and files by samples).
+maximum), the process's and the server's CPU, and optionally a py-spy profile of this
+process (``--gil``: only the thread holding the GIL is sampled, so samples are Python
+work, not waits; by thread, leaf function and file).
 
     python -m benchmarks.probe_packed publish16 [-n 50000] [--py-spy]
     python -m benchmarks.probe_packed publish_batch|consume|consume_plain [...]
@@ -21,6 +22,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,6 +83,7 @@ def summarize_raw(path: Path, top: int = 20) -> dict[str, Any]:
     """Leaf functions and files by samples, from py-spy's raw (collapsed) output."""
     leaf: collections.Counter[str] = collections.Counter()
     files: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -90,9 +93,14 @@ def summarize_raw(path: Path, top: int = 20) -> dict[str, Any]:
         total += n
         frames = stack.split(";")
         leaf[frames[-1]] += n
+        # 'thread (TID): NAME' -> NAME without its numbers: samples by kind of thread
+        name = frames[0].split(": ", 1)[-1] if frames[0].startswith("thread") else "?"
+        threads[re.sub(r"[-_]?\d+$", "", name)] += n
         for f in {fr.split("(", 1)[-1].split(":", 1)[0] for fr in frames}:
             files[f] += n
     return {"samples": total,
+            "threads": [(t, n, round(100 * n / max(total, 1), 1))
+                        for t, n in threads.most_common(top)],
             "leaf": [(f, n, round(100 * n / max(total, 1), 1)) for f, n in leaf.most_common(top)],
             "files_inclusive": [(f, n, round(100 * n / max(total, 1), 1))
                                 for f, n in files.most_common(top)]}
@@ -105,13 +113,10 @@ def run(args: argparse.Namespace, endpoint: str, server: SeaweedServer | None) -
                      polling(CONSUME["max_messages"]), CONSUME["claim_threads"])
     if args.segment_messages:  # e.g. 16: the segments a steady 2,000 msg/s makes
         cfg["publishing"]["max_segment_messages"] = args.segment_messages
-    for item in args.set:  # SECTION.KEY=VALUE (VALUE as JSON where it parses)
-        name, _, value = item.partition("=")
+    for item in args.set:  # SECTION.KEY=VALUE
+        name, value = _parse(item)
         section, _, key = name.partition(".")
-        try:
-            cfg.setdefault(section, {})[key] = json.loads(value)
-        except ValueError:
-            cfg.setdefault(section, {})[key] = value
+        cfg.setdefault(section, {})[key] = value
     pq = PawnQueue(load_config(cfg))
     pq.setup()
     counter, inflight = RequestCounter(), InFlight()
@@ -139,11 +144,12 @@ def run(args: argparse.Namespace, endpoint: str, server: SeaweedServer | None) -
                                            for i in range(start, min(n, start + 20000))],
                                    threads=16)
     else:
-        _consume(pq, topic, n)
+        _consume(pq, topic, n, dict(_parse(item) for item in args.listen))
     took, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     srv = (server.cpu_seconds() or 0) - srv0 if server and srv0 is not None else None
     result = {
-        "scenario": args.scenario, "settings": args.set, "messages": n, "seconds": took,
+        "scenario": args.scenario, "settings": args.set + args.listen, "messages": n,
+        "seconds": took,
         "msgs_per_s": n / took,
         "client_cpu_ms_per_msg": 1000 * cpu / n, "client_cpu_cores": cpu / took,
         "server_cpu_ms_per_msg": 1000 * srv / n if srv is not None else None,
@@ -218,7 +224,16 @@ def _publish16(producer: Any, topic: str, n: int) -> None:
         t.join()
 
 
-def _consume(pq: Any, topic: str, n: int) -> None:
+def _parse(item: str) -> tuple[str, Any]:
+    """KEY=VALUE, VALUE as JSON where it parses."""
+    key, _, value = item.partition("=")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _consume(pq: Any, topic: str, n: int, options: dict[str, Any]) -> None:
     consumer = pq.register_consumer("probe-consumer", [topic])
     done = threading.Event()
     count = [0]
@@ -230,7 +245,8 @@ def _consume(pq: Any, topic: str, n: int) -> None:
             if count[0] >= n:
                 done.set()
 
-    consumer.listen(handler, max_workers=CONSUME["workers"], stop_event=done)
+    options.setdefault("max_workers", CONSUME["workers"])
+    consumer.listen(handler, stop_event=done, **options)
 
 
 def _start_spy(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Path] | None:
@@ -242,7 +258,8 @@ def _start_spy(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Path]
         return None
     out = Path(tempfile.mkdtemp()) / "profile.txt"
     proc = subprocess.Popen([binary, "record", "--pid", str(os.getpid()), "--rate", "200",
-                             "--format", "raw", "--nonblocking", "--threads", "-o", str(out)],
+                             "--format", "raw", "--nonblocking", "--threads", "--gil",
+                             "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the window opens
     return proc, out
@@ -264,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a setting of the probe's client, e.g. polling.max_segments_held=16")
+    p.add_argument("--listen", action="append", default=[], metavar="KEY=VALUE",
+                   help="a listen() option for consume, e.g. ack_flush_interval_seconds=0.01")
     p.add_argument("--segment-messages", type=int, default=0,
                    help="publishing.max_segment_messages of the probe's client (the seeded "
                         "backlog's segment size for consume)")
