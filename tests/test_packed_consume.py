@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import LeaseLostError, PawnQueue, layout, packing
+from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, layout, packing
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.protocol.segments import SegmentLease
+from pawn_queue_sync.queue.held import HeldSegment
 from pawn_queue_sync.queue.message import Message
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests.servers import deep_merge
@@ -405,4 +406,117 @@ def test_a_lost_segment_lease_makes_its_messages_lost(site: Site) -> None:
         held[0].nack("late")
     assert not keys(pq, layout.dead_letter_prefix(TOPIC))
     b.ack_many(taken)
+    assert leftovers(pq) == []
+
+
+# -- the group commit, on MemoryStore ---------------------------------------------------------
+
+
+class Faults:
+    """A MemoryStore hook on segment lease writes: counts them, and can hold or fail
+    the next ones."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.hold: threading.Event | None = None
+        self.held = threading.Event()
+        self.fail = 0
+
+    def __call__(self, op: str, key: str) -> None:
+        if op != "put" or "/segment-leases/" not in key:
+            return
+        self.writes += 1
+        if self.fail:
+            self.fail -= 1
+            raise StorageError("injected", key=key)
+        if self.hold is not None:
+            self.held.set()
+            assert self.hold.wait(DEADLINE)
+
+
+def faulty_queue(**polling: Any) -> tuple[PawnQueue, Faults]:
+    faults = Faults()
+    cfg = load_config({"polling": {"interval_seconds": 0.1, **polling}}, env={})
+    pq = PawnQueue(cfg, store=MemoryStore(hooks=faults)).setup()
+    pq.create_topic(TOPIC, packed=True)
+    return pq, faults
+
+
+def test_acks_arriving_during_a_write_share_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nine threads ack one message each while the first one's write is held: the
+    eight others are carried by one more write, and each returns only once a write
+    containing its ack has completed."""
+    pq, faults = faulty_queue()
+    publish_segments(pq, list(range(10)), 10)
+    c = pq.register_consumer("c", [TOPIC])
+    msgs = c.poll(10)
+    changes = threading.Semaphore(0)
+    change = HeldSegment.change
+
+    def counted(self: HeldSegment, fn: Any) -> int:
+        version = change(self, fn)
+        changes.release()
+        return version
+
+    monkeypatch.setattr(HeldSegment, "change", counted)
+    faults.writes, faults.hold = 0, threading.Event()
+    threads = [threading.Thread(target=m.ack) for m in msgs[:9]]
+    threads[0].start()
+    assert faults.held.wait(DEADLINE)  # the first write is on its way
+    for t in threads[1:]:
+        t.start()
+    for _ in range(9):
+        assert changes.acquire(timeout=DEADLINE)  # every ack's change is made
+    assert [m.state for m in msgs[1:9]] == ["leased"] * 8  # none reported yet
+    faults.hold.set()
+    for t in threads:
+        t.join(DEADLINE)
+    assert faults.writes == 2
+    assert [m.state for m in msgs[:9]] == ["acked"] * 9
+    assert lease_of(pq, msgs[9]).progress.settled == ((0, 9),)
+    msgs[9].ack()
+    assert leftovers(pq) == []
+
+
+def test_an_ack_batch_costs_one_lease_write_per_segment() -> None:
+    pq, faults = faulty_queue(max_messages_per_poll=20)
+    publish_segments(pq, list(range(20)), 10)
+    c = pq.register_consumer("c", [TOPIC])
+    msgs = c.poll(20)
+    assert len({id(m.segment) for m in msgs}) == 2
+    faults.writes = 0
+    c.ack_many(msgs[:5] + msgs[10:15])
+    assert faults.writes == 2
+    c.ack_many(msgs[5:10] + msgs[15:])
+    assert faults.writes == 4 and leftovers(pq) == []
+
+
+def test_a_failed_lease_write_leaves_the_ack_to_do_again() -> None:
+    pq, faults = faulty_queue()
+    publish_segments(pq, ["a", "b"], 2)
+    c = pq.register_consumer("c", [TOPIC])
+    a, b = c.poll()
+    faults.fail = 1
+    with pytest.raises(StorageError):
+        a.ack()
+    assert a.state == "leased"
+    a.ack()
+    assert a.state == "acked"
+    assert lease_of(pq, b).progress.settled == ((0, 1),)
+    b.ack()
+    assert leftovers(pq) == []
+
+
+def test_a_hand_out_not_recorded_is_not_handed_out_nor_counted() -> None:
+    pq, faults = faulty_queue()
+    publish_segments(pq, ["a", "b", "c"], 3)
+    c = pq.register_consumer("c", [TOPIC])
+    (a,) = c.poll(1)
+    faults.fail = 1
+    with pytest.raises(StorageError):
+        c.poll(1)  # the next reservation could not be written
+    (b,) = c.poll(1)
+    assert (b.payload, b.delivery_count) == ("b", 1)
+    assert lease_of(pq, b).progress.deliveries_of(1) == 1
+    c.ack_many([a, b, *c.poll()])
     assert leftovers(pq) == []

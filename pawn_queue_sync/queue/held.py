@@ -295,7 +295,9 @@ class HeldSegment:
             log.warning("dead-lettered %s/%s: %s", self.topic, self.docs[i]["id"], reason)
             return i
 
-        done = [i for i in self.claimant.in_parallel(write, indexes) if i is not None]
+        # one after another: this may run on a claim pool thread (a claim's), which
+        # must not wait for others of the same pool; the path is rare
+        done = [i for i in map(write, indexes) if i is not None]
         failed = set(indexes).difference(done)
         self.change(lambda p: p.settle(done))
         with self.lock:
