@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .encoding import canonical_json
@@ -30,6 +30,7 @@ __all__ = [
     "decode_segment",
     "encode_line",
     "encode_segment",
+    "line_encoder",
 ]
 
 SEGMENT_FORMAT = "pawn-queue-sync/segment"
@@ -48,14 +49,30 @@ def encode_line(
     ``id``, ``payload`` and ``producer_id``. Raises PayloadError if the payload is not
     JSON-serialisable. The payload is encoded once, by the C encoder; the rest is spliced
     around it in sorted key order (the same bytes as ``canonical_json`` of the dict)."""
+    return (
+        f'{{"created_at":{_dumps(created_at)},"id":{_dumps(message_id)},'
+        f'"payload":{_payload_json(payload)},"producer_id":{_dumps(producer_id)}}}'
+    ).encode()
+
+
+def _payload_json(payload: Any) -> str:
     try:
-        body = _dumps(payload)
+        return _dumps(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-    return (
-        f'{{"created_at":{_dumps(created_at)},"id":{_dumps(message_id)},"payload":{body},'
-        f'"producer_id":{_dumps(producer_id)}}}'
-    ).encode()
+
+
+def line_encoder(producer_id: str | None, created_at: str) -> Callable[[str, Any], bytes]:
+    """A fast :func:`encode_line` for many messages of one producer and one time: the
+    returned ``encode(message_id, payload)`` splices a canonical UUID string (no JSON
+    escaping needed, not checked) and the encoded payload between fixed bytes."""
+    head = f'{{"created_at":{_dumps(created_at)},"id":"'
+    tail = f',"producer_id":{_dumps(producer_id)}}}'
+
+    def encode(message_id: str, payload: Any) -> bytes:
+        return f'{head}{message_id}","payload":{_payload_json(payload)}{tail}'.encode()
+
+    return encode
 
 
 def encode_header(

@@ -14,7 +14,7 @@ import attrs
 from .. import layout
 from ..clock import Clock
 from ..config import FENCE_MARGIN_FRACTION, FENCE_MARGIN_MIN_SECONDS, PawnQueueConfig
-from ..errors import ObjectNotFound, TopicNotFoundError
+from ..errors import ObjectNotFound, StorageError, TopicNotFoundError
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
 
@@ -133,13 +133,20 @@ class Context:
         try:
             self.store.head(layout.packed_manifest_key(topic))
         except ObjectNotFound:
-            with self._lock:
-                if topic in self._packed_topics:  # marked meanwhile by create_topic
-                    return True
-                self._plain_seen[topic] = now
-            return False
-        self.remember_packed(topic)
-        return True
+            pass
+        except StorageError:
+            if seen is None:
+                raise
+            # A recheck that failed: keep the answer we had (a message published
+            # plain into a packed topic is still consumed), look again later.
+        else:
+            self.remember_packed(topic)
+            return True
+        with self._lock:
+            if topic in self._packed_topics:  # marked meanwhile by create_topic
+                return True
+            self._plain_seen[topic] = now
+        return False
 
     def remember_packed(self, topic: str) -> None:
         """Cache that ``topic`` is packed (its manifest exists)."""

@@ -1,8 +1,10 @@
-"""Producers: publish JSON messages, one object per message."""
+"""Producers: publish JSON messages, one object per message on plain topics, many per
+segment on packed ones (queue/batcher.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -10,6 +12,7 @@ from typing import Any
 
 from .. import layout
 from ..errors import PayloadError, PublishError, StorageError
+from .batcher import Batcher, SegmentWriter
 from .context import Context
 from .registry import RegistryEntry
 
@@ -22,6 +25,9 @@ class Producer:
     def __init__(self, ctx: Context, entry: RegistryEntry) -> None:
         self._ctx = ctx
         self._entry = entry
+        #: (pid, topic) -> the topic's group commit: a forked child never uses (nor
+        #: waits on) its parent's, whose threads do not exist there
+        self._batchers: dict[tuple[int, str], Batcher] = {}
 
     @property
     def id(self) -> str:
@@ -46,9 +52,21 @@ class Producer:
 
         ``message_id`` (a UUID string) and ``created_at`` make the object key
         deterministic, so re-publishing the same message overwrites it instead of
-        adding a duplicate (use both, e.g. for a retried Spark task).
+        adding a duplicate (use both, e.g. for a retried Spark task). On a packed topic
+        they are kept in the message, but re-publishing writes another segment: it does
+        not overwrite (the consumer sees both copies).
+
+        On a packed topic the message joins the topic's open batch (group commit, up to
+        ``publishing.linger_ms`` while other threads publish too); the call returns once
+        the segment holding it is stored, and raises PublishError if that write failed.
         """
         self._ctx.require_topic(topic)
+        if self._ctx.topic_packed(topic):
+            mid = self._message_id(message_id)
+            when = self._ctx.next_timestamp() if created_at is None else created_at
+            batcher = self._batcher(topic)
+            batcher.publish(batcher.writer.line(mid, layout.iso(when), payload))
+            return mid
         key, body, mid = self._encode(topic, payload, message_id, created_at)
         self._write(topic, key, body)
         return mid
@@ -66,9 +84,13 @@ class Producer:
         payload publishes nothing. If writes fail, PublishError says how many; its
         ``failed_indices`` lists the positions (0-based, input order) of the payloads
         not published and ``published_ids`` the ids that were written, in input order.
+        On a packed topic the messages are cut into full segments (in input order),
+        written in parallel; a failed segment fails all of its messages.
         """
         self._ctx.require_topic(topic)
         items: Sequence[Any] = list(payloads)
+        if self._ctx.topic_packed(topic):
+            return self._publish_segments(topic, items, threads)
         encoded: list[tuple[str, bytes, str]] = []
         for index, payload in enumerate(items):
             try:
@@ -77,43 +99,59 @@ class Producer:
                 raise PayloadError(f"payload #{index}: {exc}") from None
         if not encoded:
             return []
-        workers = threads or self._ctx.config.publishing.batch_threads
-        pool = self._ctx.pool("publish", workers)
+        pool = self._ctx.pool("publish", self._workers(threads))
         futures = [pool.submit(self._write, topic, key, body) for key, body, _ in encoded]
-        # One pass sorts each message into published or failed, in input order: the
-        # report costs O(n) however many writes failed.
-        published: list[str] = []
-        failed: list[int] = []
-        first_error: BaseException | None = None
-        for index, (fut, (_, _, mid)) in enumerate(zip(futures, encoded, strict=True)):
-            exc = fut.exception()
-            if exc is None:
-                published.append(mid)
-            else:
-                failed.append(index)
-                first_error = first_error or exc
-        if failed:
-            err = PublishError(
-                f"{len(failed)} of {len(encoded)} messages to {topic!r} were not published "
-                f"(first error: {first_error})"
-            )
-            err.failed_indices = failed  # type: ignore[attr-defined]
-            err.published_ids = published  # type: ignore[attr-defined]
-            raise err
-        return published
+        errors = [fut.exception() for fut in futures]
+        return _report(topic, [mid for _, _, mid in encoded], errors)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _workers(self, threads: int | None) -> int:
+        return threads or self._ctx.config.publishing.batch_threads
+
+    def _batcher(self, topic: str) -> Batcher:
+        key = (os.getpid(), topic)
+        batcher = self._batchers.get(key)
+        if batcher is None:  # setdefault: two racing threads end up with the same one
+            fresh = Batcher(SegmentWriter(self._ctx, topic, self.id))
+            batcher = self._batchers.setdefault(key, fresh)
+        return batcher
+
+    def _publish_segments(
+        self, topic: str, items: Sequence[Any], threads: int | None
+    ) -> list[str]:
+        """publish_batch on a packed topic: encode and check all, then full segments."""
+        writer = self._batcher(topic).writer
+        encode = writer.encoder(layout.iso(self._ctx.next_timestamp()))
+        ids = [str(uuid.uuid4()) for _ in items]
+        lines: list[bytes] = []
+        for index, (mid, payload) in enumerate(zip(ids, items, strict=True)):
+            try:
+                lines.append(encode(mid, payload))
+            except PayloadError as exc:
+                raise PayloadError(f"payload #{index}: {exc}") from None
+        if not lines:
+            return []
+        pool = self._ctx.pool("publish", self._workers(threads))
+        cuts, seg_errors = writer.write_all(lines, pool)
+        errors: list[BaseException | None] = []
+        for (start, stop), error in zip(cuts, seg_errors, strict=True):
+            errors.extend([error] * (stop - start))
+        return _report(topic, ids, errors)
+
+    @staticmethod
+    def _message_id(message_id: str | None) -> str:
+        if message_id is None:
+            return str(uuid.uuid4())
+        try:
+            return str(uuid.UUID(str(message_id)))
+        except ValueError:
+            raise PayloadError(f"message_id {message_id!r} is not a UUID") from None
 
     def _encode(
         self, topic: str, payload: Any, message_id: str | None, created_at: datetime | None
     ) -> tuple[str, bytes, str]:
-        if message_id is None:
-            mid = str(uuid.uuid4())
-        else:
-            try:
-                mid = str(uuid.UUID(str(message_id)))
-            except ValueError:
-                raise PayloadError(f"message_id {message_id!r} is not a UUID") from None
+        mid = self._message_id(message_id)
         when = self._ctx.next_timestamp() if created_at is None else created_at
         doc = {
             "id": mid,
@@ -141,3 +179,26 @@ class Producer:
             raise PublishError(f"could not publish to {topic!r}: {exc}") from exc
         log.debug("published %s", key)
 
+
+
+def _report(topic: str, ids: list[str], errors: list[BaseException | None]) -> list[str]:
+    """The ids of a batch, or PublishError listing what failed: one pass sorts each
+    message into published or failed, in input order (O(n) however many failed)."""
+    published: list[str] = []
+    failed: list[int] = []
+    first_error: BaseException | None = None
+    for index, (mid, exc) in enumerate(zip(ids, errors, strict=True)):
+        if exc is None:
+            published.append(mid)
+        else:
+            failed.append(index)
+            first_error = first_error or exc
+    if failed:
+        err = PublishError(
+            f"{len(failed)} of {len(ids)} messages to {topic!r} were not published "
+            f"(first error: {first_error})"
+        )
+        err.failed_indices = failed  # type: ignore[attr-defined]
+        err.published_ids = published  # type: ignore[attr-defined]
+        raise err
+    return published
