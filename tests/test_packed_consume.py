@@ -434,10 +434,11 @@ class Faults:
             assert self.hold.wait(DEADLINE)
 
 
-def faulty_queue(**polling: Any) -> tuple[PawnQueue, Faults]:
+def faulty_queue(clock: JumpClock | None = None, **polling: Any) -> tuple[PawnQueue, Faults]:
     faults = Faults()
+    clock = clock or JumpClock()
     cfg = load_config({"polling": {"interval_seconds": 0.1, **polling}}, env={})
-    pq = PawnQueue(cfg, store=MemoryStore(hooks=faults)).setup()
+    pq = PawnQueue(cfg, store=MemoryStore(clock, hooks=faults), clock=clock).setup()
     pq.create_topic(TOPIC, packed=True)
     return pq, faults
 
@@ -488,7 +489,21 @@ def test_an_ack_batch_costs_one_lease_write_per_segment() -> None:
     c.ack_many(msgs[:5] + msgs[10:15])
     assert faults.writes == 2
     c.ack_many(msgs[5:10] + msgs[15:])
-    assert faults.writes == 4 and leftovers(pq) == []
+    # completing both: deleted at once within the time fence, with no lease write
+    assert faults.writes == 2 and leftovers(pq) == []
+
+
+def test_an_ack_completing_a_segment_past_its_fence_records_first() -> None:
+    clock = JumpClock()
+    pq, faults = faulty_queue(clock, **POLLING)
+    publish_segments(pq, ["a", "b"], 2)
+    c = pq.register_consumer("c", [TOPIC])
+    msgs = c.poll()
+    clock.jump(POLLING["visibility_timeout_seconds"] - 1.5)  # past the fence, not stale
+    faults.writes = 0
+    c.ack_many(msgs)
+    assert faults.writes == 1  # proven ours by the write that records the acks
+    assert [m.state for m in msgs] == ["acked", "acked"] and leftovers(pq) == []
 
 
 def test_a_failed_lease_write_leaves_the_ack_to_do_again() -> None:
@@ -519,4 +534,21 @@ def test_a_hand_out_not_recorded_is_not_handed_out_nor_counted() -> None:
     assert (b.payload, b.delivery_count) == ("b", 1)
     assert lease_of(pq, b).progress.deliveries_of(1) == 1
     c.ack_many([a, b, *c.poll()])
+    assert leftovers(pq) == []
+
+
+def test_a_settlement_waiting_while_its_segment_is_finished_is_not_lost() -> None:
+    """An ack that completes a segment deletes it at once; a settlement of another
+    message whose write was still waiting then has nothing left to write (it was
+    a LeaseLostError: its write met the deleted lease)."""
+    pq, faults = faulty_queue()
+    publish_segments(pq, ["a", "b"], 2)
+    c = pq.register_consumer("c", [TOPIC])
+    a, b = c.poll()
+    seg = a.segment
+    version = seg.change(lambda p: p.settle([a.index]))  # a's nack got this far
+    faults.writes = 0
+    b.ack()  # completes the segment (a's change included): deleted at once
+    seg.commit(version)  # a's write, late: carried by the deletion
+    assert faults.writes == 0 and not seg.lost
     assert leftovers(pq) == []

@@ -100,8 +100,8 @@ class HeldSegment:
         ours (every message out is then ``lost``), StorageError when the write failed
         (the change stays pending: the next write carries it)."""
         with self.write_lock:
-            if self.carried >= version:
-                return
+            if self.carried >= version or (self.done and not self.lost):
+                return  # carried; or every message settled and the segment deleted
             if self.lost:
                 raise LeaseLostError(self.segment_id, "the segment's lease was lost")
             self._write()
@@ -147,6 +147,19 @@ class HeldSegment:
         limit = min(ctx.config.polling.lease_refresh_interval_seconds,
                     ctx.visibility - ctx.fence_margin())
         return self.age() < limit
+
+    def fence_ends(self) -> float:
+        """When (monotonic) our lease stops being certainly ours without asking: the
+        deadline of requests that act on it alone."""
+        ctx = self.claimant.ctx
+        return self.written_at + ctx.visibility - ctx.fence_margin()
+
+    def fenced_for(self, room: float) -> bool:
+        """Our lease is certainly ours for ``room`` seconds more (at most a quarter of
+        the fence window)."""
+        ctx = self.claimant.ctx
+        window = ctx.visibility - ctx.fence_margin()
+        return ctx.clock.monotonic() + min(room, window / 4) < self.fence_ends()
 
     def renew(self) -> None:
         """Rewrite the lease now (progress included)."""

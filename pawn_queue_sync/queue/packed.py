@@ -28,6 +28,10 @@ from .segment_claims import PackedState, claim_segments, reap_gone
 
 log = logging.getLogger(__name__)
 
+#: Time an ack batch keeps in hand before a lease's fence to delete its segment
+#: without recording the acks first (closer to the fence: it records them).
+_FINISH_ROOM_SECONDS = 1.0
+
 
 class PackedSource:
     """Claims and settles the messages of packed topics for one consumer."""
@@ -139,11 +143,16 @@ class PackedSource:
         :meth:`Consumer.ack_many <pawn_queue_sync.queue.consumer.Consumer.ack_many>`."""
         claimant = self._claimant
         todo, lost, others = Message.begin_acks(msgs)
-        groups: dict[int, tuple[HeldSegment, list[Message]]] = {}
+        groups: dict[int, tuple[HeldSegment, list[Message], int]] = {}
         for msg in todo:
-            assert msg.segment is not None
-            groups.setdefault(id(msg.segment), (msg.segment, []))[1].append(msg)
+            seg = _segment(msg)
+            groups.setdefault(id(seg), (seg, [], 0))[1].append(msg)
         try:
+            for key, (seg, group, _) in list(groups.items()):
+                indexes = [m.index for m in group]
+                groups[key] = (seg, group, seg.change(lambda p, i=indexes: p.settle(i)))
+            for seg in _finish_completed(claimant, [g[0] for g in groups.values()]):
+                _acked(claimant, seg, groups.pop(id(seg))[1])
             outcomes = claimant.in_parallel(lambda g: _ack_segment(claimant, *g),
                                             list(groups.values()))
         finally:
@@ -232,22 +241,67 @@ def _segment(msg: Message) -> HeldSegment:
 
 
 def _ack_segment(
-    claimant: Claimant, seg: HeldSegment, msgs: list[Message]
+    claimant: Claimant, seg: HeldSegment, msgs: list[Message], version: int
 ) -> StorageError | None:
-    """Record the acks of ``msgs`` (one segment's) in one write, shared with
-    concurrent callers; finish the segment if it is complete."""
-    indexes = [m.index for m in msgs]
+    """Record the acks of ``msgs`` (one segment's, change ``version``) in one write,
+    shared with concurrent callers; finish the segment if it is complete."""
     try:
-        seg.commit(seg.change(lambda p: p.settle(indexes)))
+        seg.commit(version)
     except LeaseLostError:
         return None  # its messages out are lost now
     except StorageError as exc:
         return exc
+    _acked(claimant, seg, msgs)
+    seg.finish_if_complete()
+    return None
+
+
+def _acked(claimant: Claimant, seg: HeldSegment, msgs: list[Message]) -> None:
     for msg in msgs:
         seg.settled_out(msg.index)
         claimant.settled(msg, "acked")
-    seg.finish_if_complete()
-    return None
+
+
+def _finish_completed(claimant: Claimant, segs: list[HeldSegment]) -> list[HeldSegment]:
+    """Segments an ack batch completes, deleted without writing their leases first:
+    the segments in one request (DeleteObjects), sent within the time fence of every
+    lease (while they are certainly ours, as a plain ack's deletes), then their leases
+    (unconditionally: with the segment gone a lease protects nothing). Deleting a
+    segment settles all its messages for good, so it stands for the record. The
+    segments finished; the others are left to record their acks."""
+    ctx = claimant.ctx
+    candidates = [s for s in segs if s.desired.complete]
+    if not candidates:
+        return []
+    candidates.sort(key=id)  # one lock order for every batch
+    for seg in candidates:
+        seg.write_lock.acquire()
+    try:
+        ready = [s for s in candidates if not (s.done or s.lost) and s.desired.complete
+                 and s.fenced_for(_FINISH_ROOM_SECONDS)]
+        if not ready:
+            return []
+        deadline = min(s.fence_ends() for s in ready)
+        try:
+            failed = set(ctx.store.delete_many([s.key for s in ready], deadline=deadline))
+        except StorageError as exc:  # they record their acks instead
+            log.info("could not delete %d completed segment(s) at once: %s", len(ready), exc)
+            return []
+        gone = [s for s in ready if s.key not in failed]
+        for seg in gone:
+            seg.done = True
+        try:
+            failed = set(ctx.store.delete_many([s.lease_key for s in gone]))
+        except StorageError as exc:
+            failed = {s.lease_key for s in gone}
+            log.warning("finished, but could not delete %d segment lease(s): %s", len(gone),
+                        exc)
+        if failed:  # stale leases of gone segments: removed by a later poll
+            log.warning("could not delete %d lease(s) of finished segments", len(failed))
+        return gone
+    finally:
+        for seg in candidates:
+            seg.write_lock.release()
 
 
 __all__ = ["PackedSource"]
