@@ -86,28 +86,32 @@ TOO_LARGE = {
 }
 
 
-def test_bad_payloads_raise_and_write_nothing(pq: PawnQueue) -> None:
-    producer = pq.register_producer("p")
+def reject_bad_payloads(producer: Any, topic: str) -> None:
+    """Every bad payload (publish and publish_batch) fails with PayloadError."""
     for case, payload in BAD_PAYLOADS.items():
         with pytest.raises(PayloadError) as info:
-            producer.publish("t", payload)
+            producer.publish(topic, payload)
         assert "JSON" in str(info.value), case
 
     # over publishing.max_payload_bytes (1,000 here)
     for case, payload in TOO_LARGE.items():
         with pytest.raises(PayloadError) as info:
-            producer.publish("t", payload)
+            producer.publish(topic, payload)
         assert "max_payload_bytes" in str(info.value), case
 
     # one bad payload in a batch: nothing of the batch is published
     for bad in [{"n": {1, 2}}, math.nan, TOO_LARGE["ascii"]]:
         with pytest.raises(PayloadError) as info:
-            producer.publish_batch("t", [{"n": 0}, {"n": 1}, bad, {"n": 3}])
+            producer.publish_batch(topic, [{"n": 0}, {"n": 1}, bad, {"n": 3}])
         assert "#2" in str(info.value)
 
     with pytest.raises(PayloadError):
-        producer.publish("t", {"n": 1}, message_id="../../etc/passwd")
+        producer.publish(topic, {"n": 1}, message_id="../../etc/passwd")
 
+
+def test_bad_payloads_raise_and_write_nothing(pq: PawnQueue) -> None:
+    producer = pq.register_producer("p")
+    reject_bad_payloads(producer, "t")
     assert all_keys(pq, "t/") == ["t/.topic"]
     assert pq.topic_stats("t") == {"pending": 0, "leased": 0, "dead_letter": 0}
 

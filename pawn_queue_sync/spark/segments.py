@@ -2,7 +2,7 @@
 retried task rewrites the same segments instead of adding new ones), and the rows of a
 segment the data source reads.
 
-A segment's id is ``uuid5`` of its topic and the ids of its messages, its key's time
+A segment's id is ``uuid5`` of its topic and its messages' ids and times, its key's time
 and header ``created_at`` are its first message's: the same rows in the same order
 give byte-identical segments under the same keys.
 """
@@ -38,19 +38,27 @@ SEGMENT_HEADER_RESERVE = 512
 Item = tuple[Any, str, datetime]
 
 
-def segment_id_for(topic: str, message_ids: Sequence[str]) -> str:
-    """The id of the segment holding ``message_ids`` (in that order) in ``topic``."""
-    return str(uuid.uuid5(ID_NAMESPACE, f"{topic}/segment:{','.join(message_ids)}"))
+def segment_id_for(topic: str, messages: Sequence[tuple[str, datetime]]) -> str:
+    """The id of the segment holding ``messages`` (id, created_at), in that order, in
+    ``topic``: two segments differ in id whenever they differ in what they hold (one id
+    may be in two segments with different times)."""
+    name = ",".join(f"{mid}@{layout.iso(when)}" for mid, when in messages)
+    return str(uuid.uuid5(ID_NAMESPACE, f"{topic}/segment:{name}"))
 
 
-def cut(lines: Sequence[bytes], max_messages: int, max_bytes: int) -> Iterator[range]:
-    """Consecutive index ranges of ``lines``, each a segment within both limits."""
-    start, size = 0, SEGMENT_HEADER_RESERVE
+def cut(lines: Sequence[bytes], ids: Sequence[str], max_messages: int, max_bytes: int
+        ) -> Iterator[range]:
+    """Consecutive index ranges of ``lines``, each a segment within both limits and
+    without a repeated message id (rows with the same id column value: a segment
+    repeating an id is corrupt, so the repeat opens the next segment)."""
+    start, size, seen = 0, SEGMENT_HEADER_RESERVE, set()
     for i, line in enumerate(lines):
-        if i > start and (i - start >= max_messages or size + len(line) + 1 > max_bytes):
+        if i > start and (i - start >= max_messages or size + len(line) + 1 > max_bytes
+                          or ids[i] in seen):
             yield range(start, i)
-            start, size = i, SEGMENT_HEADER_RESERVE
+            start, size, seen = i, SEGMENT_HEADER_RESERVE, set()
         size += len(line) + 1
+        seen.add(ids[i])
     if start < len(lines):
         yield range(start, len(lines))
 
@@ -67,9 +75,15 @@ def write_segments(
     max_bytes: int,
 ) -> int:
     """Encode ``items`` into full segments with deterministic ids and PUT them through
-    ``submit`` (a thread pool's); returns how many messages were written. Every line is
-    encoded and checked first (a bad payload writes nothing); raises PublishError after
-    every started PUT finished if any failed."""
+    ``submit`` (a thread pool's); returns how many rows were published (as the plain
+    path counts them: a row overwritten by a later one with the same id and time
+    counts). Every line is encoded and checked first (a bad payload writes nothing);
+    raises PublishError after every started PUT finished if any failed."""
+    rows = len(items)
+    # A row whose (id, time) repeats later is overwritten on a plain topic (same key):
+    # keep only the last, so both kinds of topic deliver the same messages.
+    last = {(mid, when): i for i, (_, mid, when) in enumerate(items)}
+    items = [item for i, item in enumerate(items) if last[item[1], item[2]] == i]
     lines: list[bytes] = []
     for index, (payload, mid, when) in enumerate(items):
         line = packing.encode_line(mid, producer_id, layout.iso(when), payload)
@@ -80,10 +94,9 @@ def write_segments(
             )
         lines.append(line)
     futures = []
-    for span in cut(lines, max_messages, max_bytes):
-        ids = [items[i][1] for i in span]
+    for span in cut(lines, [mid for _, mid, _ in items], max_messages, max_bytes):
         first = items[span[0]][2]
-        sid = segment_id_for(topic, ids)
+        sid = segment_id_for(topic, [(items[i][1], items[i][2]) for i in span])
         key = layout.segment_key(topic, layout.sortable_timestamp(first), sid, len(span))
         body = packing.encode_segment(topic, sid, producer_id, layout.iso(first),
                                       [lines[i] for i in span])
@@ -95,7 +108,7 @@ def write_segments(
             f"published ({len(errors)} of {len(futures)} segments failed; first error: "
             f"{errors[0][1]})"
         ) from errors[0][1]
-    return len(items)
+    return rows
 
 
 def _put(store: Store, topic: str, key: str, body: bytes) -> None:
