@@ -30,6 +30,8 @@ from pawn_queue_sync.spark import (
 )
 from pawn_queue_sync.spark.publish import Publisher
 from pawn_queue_sync.spark.settings import Settings
+from pawn_queue_sync.spark.snapshot import SnapshotReader
+from pawn_queue_sync.spark.stream import QueueStreamReader
 from tests.servers import S3Server, config_dict
 from tests.test_spark import FAST_POLLING, deliveries, run_available_now, stats
 
@@ -277,3 +279,28 @@ def test_write_to_a_packed_topic_with_ids_twice_holds_each_row_once(
     assert keys(cfg, "p-sink/segments/") == first
     got = stats(cfg, "p-sink")
     assert got["segment_messages"] == 200 and keys(cfg, "p-sink/messages/") == []
+
+
+def test_readers_give_a_corrupt_segment_as_one_row_and_skip_foreign_objects(
+    cfg: dict[str, Any]
+) -> None:
+    """The batch and streaming readers, driven by hand (no Spark): a segment that cannot
+    be decoded is one row of its key saying why (the query goes on), and objects under
+    ``segments/`` that are not segments are not read."""
+    packed_topic(cfg, "p-bad", [{"i": i} for i in range(3)])
+    corrupt = layout.segment_key("p-bad", "20000101T000000_000000", str(uuid.uuid4()), 2)
+    with PawnQueue.from_config(cfg) as pq:
+        pq.store.put(corrupt, b"\xff not a segment")
+        pq.store.put("p-bad/segments/notes.txt", b"hello")
+    settings = Settings(cfg)
+    snapshot = SnapshotReader(settings, "p-bad", "messages", partitions=2, threads=2)
+    stream = QueueStreamReader(settings, "p-bad", max_per_batch=100, partitions=2, threads=2)
+    end = stream.latestOffset(stream.initialOffset(), None)
+    for rows in ([r for p in snapshot.partitions() for r in snapshot.read(p)],
+                 [r for p in stream.partitions(stream.initialOffset(), end)
+                  for r in stream.read(p)]):
+        bad = [r for r in rows if r[5] == corrupt]
+        assert len(bad) == 1 and bad[0][4] is None
+        assert bad[0][7].startswith("malformed segment: ") and "UTF-8" in bad[0][7]
+        assert sorted(json.loads(r[4])["i"] for r in rows if r[5] != corrupt) == [0, 1, 2]
+        assert all(r[5] != "p-bad/segments/notes.txt" for r in rows)
