@@ -19,6 +19,7 @@ from pawn_queue_sync.packing import (
     SEGMENT_VERSION,
     decode_segment,
     encode_line,
+    encode_lines,
     encode_segment,
 )
 
@@ -64,6 +65,24 @@ def test_a_line_is_the_canonical_json_of_the_message(payload: Any, producer: str
     mid = str(uuid.uuid4())
     doc = {"id": mid, "producer_id": producer, "created_at": NOW, "payload": payload}
     assert encode_line(mid, producer, NOW, payload) == canonical_json(doc)
+
+
+@given(payloads=st.lists(json_values, max_size=6), producer=st.none() | st.text())
+def test_encode_lines_makes_the_lines_of_encode_line(
+    payloads: list[Any], producer: str | None
+) -> None:
+    ids = [str(uuid.uuid4()) for _ in payloads]
+    expected = [encode_line(i, producer, NOW, p) for i, p in zip(ids, payloads, strict=True)]
+    assert encode_lines(ids, producer, NOW, payloads, 10**9) == expected
+
+
+def test_encode_lines_names_the_first_bad_payload() -> None:
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    with pytest.raises(PayloadError, match=r"payload #2: payload is not JSON-serialisable"):
+        encode_lines(ids, "p", NOW, [1, 2, {3}, object()], 1000)
+    with pytest.raises(PayloadError, match=r"payload #1: message is \d+ bytes encoded; the "
+                       r"limit is 150 \(publishing.max_payload_bytes\)"):
+        encode_lines(ids, "p", NOW, [1, "x" * 100, 3, 4], 150)
 
 
 def test_the_header_names_format_version_topic_segment_and_count() -> None:

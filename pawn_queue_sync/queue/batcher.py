@@ -15,9 +15,10 @@ and every caller of a failed segment gets :class:`~pawn_queue_sync.errors.Publis
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -32,6 +33,19 @@ log = logging.getLogger(__name__)
 RECENT_SECONDS = 0.1
 #: A timestamp as long as ``layout.iso`` makes them, to size the header.
 _LONGEST_ISO = "2000-01-01T00:00:00.000000+00:00"
+
+
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+
+
+def new_ids(count: int) -> list[str]:
+    """``count`` random (version 4) UUID strings, as ``str(uuid.uuid4())`` makes them,
+    from one ``os.urandom`` call: about 2.5 times cheaper per id."""
+    raw = os.urandom(16 * count).hex()
+    return [
+        f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+        for h in (raw[i : i + 32] for i in range(0, 32 * count, 32))
+    ]
 
 
 class SegmentWriter:
@@ -52,24 +66,19 @@ class SegmentWriter:
 
     def line(self, message_id: str, created_at: str, payload: Any) -> bytes:
         """One message's line, checked against ``publishing.max_payload_bytes``."""
-        return self._checked(
-            packing.encode_line(message_id, self.producer_id, created_at, payload)
-        )
-
-    def encoder(self, created_at: str) -> Callable[[str, Any], bytes]:
-        """A fast ``encode(message_id, payload) -> line`` for many messages of one time
-        (message ids from ``uuid4``), checked as :meth:`line`."""
-        encode = packing.line_encoder(self.producer_id, created_at)
-        checked = self._checked
-        return lambda message_id, payload: checked(encode(message_id, payload))
-
-    def _checked(self, line: bytes) -> bytes:
+        line = packing.encode_line(message_id, self.producer_id, created_at, payload)
         if len(line) > self.max_line:
-            raise PayloadError(
-                f"message is {len(line)} bytes encoded; the limit is {self.max_line} "
-                "(publishing.max_payload_bytes)"
-            )
+            raise PayloadError(packing.too_large(len(line), self.max_line))
         return line
+
+    def lines(self, created_at: str, payloads: Sequence[Any]) -> tuple[list[str], list[bytes]]:
+        """New message ids and the checked lines of ``payloads`` (PayloadError names
+        the first bad one, ``payload #i``)."""
+        ids = new_ids(len(payloads))
+        lines = packing.encode_lines(
+            ids, self.producer_id, created_at, payloads, self.max_line
+        )
+        return ids, lines
 
     def cut(self, lines: Sequence[bytes]) -> list[tuple[int, int]]:
         """``[start, stop)`` ranges of ``lines``: full segments, in order."""

@@ -122,14 +122,7 @@ class Producer:
     ) -> list[str]:
         """publish_batch on a packed topic: encode and check all, then full segments."""
         writer = self._batcher(topic).writer
-        encode = writer.encoder(layout.iso(self._ctx.next_timestamp()))
-        ids = [str(uuid.uuid4()) for _ in items]
-        lines: list[bytes] = []
-        for index, (mid, payload) in enumerate(zip(ids, items, strict=True)):
-            try:
-                lines.append(encode(mid, payload))
-            except PayloadError as exc:
-                raise PayloadError(f"payload #{index}: {exc}") from None
+        ids, lines = writer.lines(layout.iso(self._ctx.next_timestamp()), items)
         if not lines:
             return []
         pool = self._ctx.pool("publish", self._workers(threads))
