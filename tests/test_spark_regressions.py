@@ -19,17 +19,21 @@ from tests.test_spark import FAST_POLLING, make_topic, stats
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark-2")]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
-    spark: SparkSession, real_s3: S3Server, real_bucket: str
+    spark: SparkSession, real_s3: S3Server, real_bucket: str, packed: bool
 ) -> None:
     """The executors claim under leases and the driver acks after ``before_ack``:
     nothing renewed the leases in between, so a ``before_ack`` longer than the
     visibility timeout let another consumer take the messages (and the driver's ack
-    then failed, the messages delivered twice). The driver now renews them."""
+    then failed, the messages delivered twice). The driver now renews them (on a packed
+    topic: the segment leases it claimed itself)."""
     visibility = 3.0
     cfg = config_dict(real_s3, real_bucket, polling={
         **FAST_POLLING, "visibility_timeout_seconds": visibility,
-        "lease_refresh_interval_seconds": 0.5})
+        "lease_refresh_interval_seconds": 0.5}, publishing={"max_segment_messages": 10})
+    with PawnQueue.from_config(cfg) as pq:
+        pq.create_topic("slow-sink", packed=packed)
     make_topic(cfg, "slow-sink", [{"i": i} for i in range(30)])
     stolen: list[str] = []
     seen_rows: list[int] = []
@@ -59,4 +63,6 @@ def test_consume_to_dataframe_keeps_leases_while_before_ack_runs(
     assert seen_rows == [30]
     assert stolen == []
     assert len({r.id for r in df.collect()}) == 30
-    assert stats(cfg, "slow-sink") == {"pending": 0, "leased": 0, "dead_letter": 0}
+    got = stats(cfg, "slow-sink")
+    assert (got["pending"], got["leased"], got["dead_letter"]) == (0, 0, 0)
+    assert got.get("segments", 0) == 0 and got.get("segments_leased", 0) == 0
