@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import json
 import random
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +37,7 @@ import attrs
 from ..encoding import canonical_json, iso, md5_hex
 from ..errors import LeaseLostError, ObjectNotFound, SegmentError
 from . import lease as leases
+from . import runs as _runs
 from .effects import Delete, Get, Protocol
 
 __all__ = [
@@ -53,79 +53,6 @@ __all__ = [
 
 #: A recorded retry error keeps at most this many characters (the lease stays small).
 ERROR_CHARS = 500
-
-#: A run of indexes [start, stop) sharing one value.
-Run = tuple[int, int, int]
-
-
-# -- runs of indexes ---------------------------------------------------------------------
-
-
-def _ranges(indexes: Iterable[int]) -> list[tuple[int, int]]:
-    """Sorted, merged half-open ranges covering ``indexes``."""
-    out: list[tuple[int, int]] = []
-    for i in sorted(set(indexes)):
-        if out and out[-1][1] == i:
-            out[-1] = (out[-1][0], i + 1)
-        else:
-            out.append((i, i + 1))
-    return out
-
-
-def _value_at(runs: Sequence[Run], starts: Sequence[int], i: int) -> int:
-    """The value of index ``i`` in ``runs`` (sorted, disjoint; ``starts`` their starts)."""
-    k = bisect.bisect_right(starts, i) - 1
-    if k >= 0 and runs[k][0] <= i < runs[k][1]:
-        return runs[k][2]
-    return 0
-
-
-def _paint(
-    runs: Sequence[Run], ranges: Sequence[tuple[int, int]], fn: Callable[[int], int]
-) -> tuple[Run, ...]:
-    """``runs`` with the value ``v`` of every index inside ``ranges`` replaced by
-    ``fn(v)`` (an index in no run has value 0); sorted, adjacent equal runs merged,
-    zero runs dropped. Costs O((runs + ranges) log), whatever the lengths."""
-    if not ranges:
-        return tuple(runs)
-    cuts = sorted({p for a, b, _ in runs for p in (a, b)} | {p for a, b in ranges for p in (a, b)})
-    starts = [a for a, _, _ in runs]
-    range_starts = [a for a, _ in ranges]
-    out: list[Run] = []
-    for a, b in itertools.pairwise(cuts):
-        value = _value_at(runs, starts, a)
-        k = bisect.bisect_right(range_starts, a) - 1
-        if k >= 0 and ranges[k][0] <= a < ranges[k][1]:
-            value = fn(value)
-        if value == 0:
-            continue
-        if out and out[-1][1] == a and out[-1][2] == value:
-            out[-1] = (out[-1][0], b, value)
-        else:
-            out.append((a, b, value))
-    return tuple(out)
-
-
-def _normal(runs: Iterable[Sequence[Any]], width: int, what: str) -> tuple[Run, ...]:
-    """Validated runs from JSON (``[start, stop]`` or ``[start, stop, n]``), normalised;
-    overlapping runs add up. SegmentError names what is wrong."""
-    painted: tuple[Run, ...] = ()
-    for run in runs:
-        if (not isinstance(run, list) or len(run) != width
-                or any(isinstance(x, bool) or not isinstance(x, int) for x in run)):
-            raise SegmentError(f"progress.{what}: {run!r} is not a run of {width} integers")
-        a, b = run[0], run[1]
-        n = run[2] if width == 3 else 1
-        if not 0 <= a < b or n < 1:
-            raise SegmentError(f"progress.{what}: {run!r} is not a valid run")
-        add = n if width == 3 else 0
-        painted = _paint(painted, [(a, b)], (lambda v, add=add: v + add) if add else _one)
-    return painted
-
-
-def _one(_value: int) -> int:
-    return 1
-
 
 # -- progress -----------------------------------------------------------------------------
 
@@ -143,7 +70,7 @@ class Progress:
 
     count: int | None = None
     settled: tuple[tuple[int, int], ...] = ()
-    deliveries: tuple[Run, ...] = ()
+    deliveries: tuple[_runs.Run, ...] = ()
     errors: tuple[tuple[int, str], ...] = ()
 
     # -- queries --------------------------------------------------------------------------
@@ -154,7 +81,7 @@ class Progress:
 
     def deliveries_of(self, i: int) -> int:
         """Deliveries started of message ``i``."""
-        return _value_at(self.deliveries, [a for a, _, _ in self.deliveries], i)
+        return _runs.value_at(self.deliveries, [a for a, _, _ in self.deliveries], i)
 
     def error_of(self, i: int) -> str | None:
         return dict(self.errors).get(i)
@@ -198,21 +125,21 @@ class Progress:
             if self.is_settled(i):
                 continue
             (exhausted if self.deliveries_of(i) >= max_delivery else handed).append(i)
-        deliveries = _paint(self.deliveries, _ranges(handed), lambda v: v + 1)
+        deliveries = _runs.paint(self.deliveries, _runs.ranges(handed), lambda v: v + 1)
         return attrs.evolve(self, deliveries=deliveries), handed, exhausted
 
     def release(self, indexes: Iterable[int]) -> Progress:
         """Take back one counted delivery of each index (not below 0): a delivery given
         back on purpose, or counted ahead and never handed out."""
-        deliveries = _paint(self.deliveries, _ranges(indexes), lambda v: max(v - 1, 0))
+        deliveries = _runs.paint(self.deliveries, _runs.ranges(indexes), lambda v: max(v - 1, 0))
         return attrs.evolve(self, deliveries=deliveries)
 
     def settle(self, indexes: Iterable[int]) -> Progress:
         """Mark the indexes settled for good (their errors dropped)."""
-        ranges = _ranges(indexes)
+        ranges = _runs.ranges(indexes)
         if not ranges:
             return self
-        runs = _paint([(a, b, 1) for a, b in self.settled], ranges, _one)
+        runs = _runs.paint([(a, b, 1) for a, b in self.settled], ranges, _runs.one)
         settled = tuple((a, b) for a, b, _ in runs)
         done = {i for a, b in ranges for i in range(a, b)}
         errors = tuple((i, t) for i, t in self.errors if i not in done)
@@ -259,11 +186,11 @@ class Progress:
             if not (isinstance(k, str) and k.isdigit() and isinstance(text, str)):
                 raise SegmentError(f"progress.errors: {k!r} is not index -> text")
             parsed[int(k)] = text[:ERROR_CHARS]
-        runs = _normal(settled, 2, "settled")
+        runs = _runs.normal(settled, 2, "settled")
         progress = cls(
             count=count,
             settled=tuple((a, b) for a, b, _ in runs),
-            deliveries=_normal(deliveries, 3, "deliveries"),
+            deliveries=_runs.normal(deliveries, 3, "deliveries"),
         )
         return attrs.evolve(progress, errors=tuple(
             (i, t) for i, t in sorted(parsed.items()) if not progress.is_settled(i)

@@ -142,8 +142,7 @@ def _candidates(
             free.append(candidate)
         else:
             held.append(candidate)
-    if held:
-        state.contended = True
+    state.contended = bool(held)  # lost claims add to it (claim_segments)
     if reap_ok:
         gone = [i for sid, i in on.items() if sid not in listed and sid not in ours
                 and leases.is_stale(i.last_modified, now, ctx.visibility)]
