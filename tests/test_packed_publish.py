@@ -8,6 +8,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from pawn_queue_sync.config import load_config
 from pawn_queue_sync.errors import ObjectNotFound, PayloadError, PublishError, StorageError
 from pawn_queue_sync.packing import decode_segment
 from pawn_queue_sync.queue.batcher import RECENT_SECONDS, new_ids
-from pawn_queue_sync.queue.context import PACKED_RECHECK_SECONDS
+from pawn_queue_sync.queue.context import PACKED_RECHECK_SECONDS, Context
 from pawn_queue_sync.queue.topics import PACKED_FORMAT, PACKED_VERSION
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests.forking import in_child
@@ -527,3 +528,53 @@ def test_new_ids_are_random_version_4_uuids() -> None:
     assert {text[14] for text in ids} == {"4"}  # the version
     assert {text[19] for text in ids} == set("89ab")  # the variant
     assert new_ids(0) == []
+
+
+def test_segments_of_a_batch_sort_in_input_order_however_their_puts_interleave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The PUTs of a batch's segments run in parallel, in any order; their keys (the
+    order consumers take them in) still follow the input: the times are taken in order
+    before the PUTs start. Here the pool runs the PUTs last submitted first."""
+    pq = memory_queue({"max_segment_messages": 5})
+    pq.create_topic(TOPIC, packed=True)
+    pool = ReversingPool()
+    monkeypatch.setattr(Context, "pool", lambda self, name, workers: pool)
+    producer = pq.register_producer("order")
+    ids = producer.publish_batch(TOPIC, list(range(50)))
+    assert pool.ran == 10
+    stored = [d for _, _, docs in segments_of(pq.store) for d in docs]
+    assert [d["payload"] for d in stored] == list(range(50))
+    assert [d["id"] for d in stored] == ids
+
+
+class ReversingPool:
+    """An executor that runs what it was given, last first, when a result is asked."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self.ran = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut = _LazyFuture(self)
+        self.pending.append((fut, fn, args))
+        return fut
+
+    def run_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for fut, fn, args in reversed(pending):
+            self.ran += 1
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:
+                fut.set_exception(exc)
+
+
+class _LazyFuture(Future[Any]):
+    def __init__(self, pool: ReversingPool) -> None:
+        super().__init__()
+        self._pool = pool
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._pool.run_all()
+        return super().exception(timeout)

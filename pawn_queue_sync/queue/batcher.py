@@ -20,6 +20,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
+from datetime import datetime
 from typing import Any
 
 from .. import layout, packing
@@ -96,10 +97,11 @@ class SegmentWriter:
             cuts.append((start, len(lines)))
         return cuts
 
-    def write(self, lines: Sequence[bytes]) -> str:
-        """PUT one segment of ``lines`` (publish order); its key. PublishError if the
-        PUT failed (then nothing of it counts as published)."""
-        when = self.ctx.next_timestamp()
+    def write(self, lines: Sequence[bytes], when: datetime | None = None) -> str:
+        """PUT one segment of ``lines`` (publish order), sealed ``when`` (now if None);
+        its key. PublishError if the PUT failed (then nothing of it counts as
+        published)."""
+        when = self.ctx.next_timestamp() if when is None else when
         segment_id = str(uuid.uuid4())
         body = packing.encode_segment(
             self.topic, segment_id, self.producer_id, layout.iso(when), lines
@@ -118,10 +120,11 @@ class SegmentWriter:
         self, lines: Sequence[bytes], pool: Executor
     ) -> tuple[list[tuple[int, int]], list[BaseException | None]]:
         """Cut ``lines`` into segments and PUT them in parallel on ``pool``: the cuts
-        and, for each, None or its error."""
+        and, for each, None or its error. Their times are taken here, in order, so
+        their keys sort in input order however the PUTs interleave."""
         cuts = self.cut(lines)
         futures: list[Future[str]] = [
-            pool.submit(self.write, lines[a:b]) for a, b in cuts
+            pool.submit(self.write, lines[a:b], self.ctx.next_timestamp()) for a, b in cuts
         ]
         return cuts, [f.exception() for f in futures]
 
@@ -211,26 +214,32 @@ class Batcher:
         self._cond.notify_all()
 
     def _everyone_in(self, batch: _Batch, now: float) -> bool:
-        """Whether every recent publisher (a live thread that published within
-        :data:`RECENT_SECONDS`) is waiting in ``batch``; forgets the others."""
-        if self._recent.keys() <= batch.threads:
+        """Whether every recent publisher (one that published within
+        :data:`RECENT_SECONDS`) is waiting in ``batch``. Cheap: the opener's wait also
+        drops the threads that ended (:meth:`_forget`)."""
+        recent = self._recent
+        if recent.keys() <= batch.threads:
             return True
+        return all(recent[t] + RECENT_SECONDS <= now for t in recent.keys() - batch.threads)
+
+    def _forget(self, now: float) -> None:
+        """Drop the publishers no longer recent: quiet for RECENT_SECONDS, or ended."""
         gone = [
             t for t, seen in self._recent.items()
             if seen + RECENT_SECONDS <= now or not t.is_alive()
         ]
         for t in gone:
             del self._recent[t]
-        return self._recent.keys() <= batch.threads
 
     def _linger_on(self, batch: _Batch) -> None:
         """The opener waits until the batch is sealed: by a joiner (full, or everyone
         in), at its deadline, or when the publishers it waits for stop being recent."""
         while not batch.sealed:
             now = self._clock.monotonic()
-            if now >= batch.deadline or self._everyone_in(batch, now):
+            self._forget(now)
+            if now >= batch.deadline or self._recent.keys() <= batch.threads:
                 self._seal(batch)
                 return
             absent = [s for t, s in self._recent.items() if t not in batch.threads]
-            wake = min(batch.deadline, min(absent, default=now) + RECENT_SECONDS)
-            self._clock.wait(self._cond, max(wake - now, 0.0))
+            wake = min(batch.deadline, min(absent) + RECENT_SECONDS)
+            self._clock.wait(self._cond, wake - now)
