@@ -132,7 +132,7 @@ class SegmentWriter:
 class _Batch:
     """Lines collected for one segment, and who waits for them."""
 
-    __slots__ = ("deadline", "done", "error", "lines", "sealed", "size", "threads")
+    __slots__ = ("deadline", "done", "error", "lines", "sealed", "size", "threads", "when")
 
     def __init__(self, deadline: float) -> None:
         self.lines: list[bytes] = []
@@ -142,6 +142,8 @@ class _Batch:
         self.sealed = False
         self.done = threading.Event()
         self.error: BaseException | None = None
+        #: when it was sealed: its segment's time (keys sort in sealing order)
+        self.when: datetime | None = None
 
 
 class Batcher:
@@ -190,7 +192,7 @@ class Batcher:
                     raise
         if opener:
             try:
-                writer.write(batch.lines)
+                writer.write(batch.lines, batch.when)
             except BaseException as exc:
                 batch.error = exc
             finally:
@@ -208,6 +210,8 @@ class Batcher:
     # -- under the lock ----------------------------------------------------------------
 
     def _seal(self, batch: _Batch) -> None:
+        if not batch.sealed:
+            batch.when = self.writer.ctx.next_timestamp()
         batch.sealed = True
         if self._open is batch:
             self._open = None
