@@ -16,8 +16,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
+import attrs
 import pytest
 
 from pawn_queue_sync import (
@@ -30,6 +32,7 @@ from pawn_queue_sync import (
     packing,
 )
 from pawn_queue_sync.encoding import canonical_json
+from pawn_queue_sync.protocol.segments import Progress, SegmentLease
 from tests.credentials import ExpiringCredentials, keyless_config, session_of
 from tests.servers import ACCESS_KEY, SECRET_KEY, S3Server, config_dict, deep_merge
 from tests.test_bad_input import (  # noqa: F401  (config: the fixture, used by name)
@@ -266,6 +269,36 @@ def test_a_corrupt_segment_lease_loses_nothing(spq: PawnQueue) -> None:
         assert base64.b64decode(dead[k]["dead_letter"]["raw_base64"])
     wait_for(lambda: lease_key not in all_keys(spq, "t/segment-leases/"),
              "the corrupt lease removed")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "B's consumer trusts a segment lease's progress.count over the segment it reads: a "
+    "released lease recording count 1, settled [0, 1) on a 3-message segment makes it "
+    "delete the segment with messages 1 and 2 never delivered"))
+def test_a_segment_lease_whose_count_disagrees_with_its_segment_loses_nothing(
+    spq: PawnQueue
+) -> None:
+    """A well-formed, released segment lease whose progress counts fewer messages than
+    its segment holds (corrupt, or left from other content under the same segment id):
+    the messages past its count were never settled and must still be delivered."""
+    ids = spq.register_producer("p").publish_batch("t", [{"n": n} for n in range(3)])
+    (key,) = all_keys(spq, "t/segments/")
+    sid, _ = layout.parse_segment_key("t", key) or ("", 0)
+    lease = SegmentLease.new("someone", sid, key, datetime.now(timezone.utc), 3.0,
+                             Progress(count=1).settle([0]))
+    spq.store.put(layout.segment_lease_key("t", sid), attrs.evolve(lease, released=True)
+                  .encode())
+    consumer = spq.register_consumer("c", ["t"])
+    delivered: set[str] = set()
+
+    def drained() -> bool:
+        msgs = consumer.poll(10)
+        delivered.update(m.id for m in msgs)
+        consumer.ack_many(msgs)
+        return not all_keys(spq, "t/segments/")
+
+    wait_for(drained, "the segment consumed")
+    assert set(ids[1:]) <= delivered
 
 
 # --------------------------------------------------------------------------- connection
