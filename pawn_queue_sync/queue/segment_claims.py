@@ -79,7 +79,7 @@ def claim_segments(
     """Claim up to ``slots`` segments of ``topic``, enough for ``want`` messages, each
     with its first hand-out recorded. Raises the first store error when every claim
     tried failed on one (rather than look like an empty topic)."""
-    found = _candidates(claimant, state, topic, slots)
+    found = _candidates(claimant, state, topic, slots, want)
     if not found:
         return []
     chosen = _choose(claimant, state, found, slots, want, peers)
@@ -94,7 +94,7 @@ def claim_segments(
 
 
 def _candidates(
-    claimant: Claimant, state: PackedState, topic: str, slots: int
+    claimant: Claimant, state: PackedState, topic: str, slots: int, want: int
 ) -> list[Candidate]:
     """The segments a poll may take, oldest first: free ones, ones whose lease is
     stale by the server's clock, ones seen given back. Listings: the leases first
@@ -104,7 +104,7 @@ def _candidates(
     ctx = claimant.ctx
     store = ctx.store
     ours = {s.segment_id for s in state.held}
-    width = slots * planning.CONTENDED_WINDOW if state.contended else slots
+    width = planning.window(max(slots, want), len(state.held), state.contended)
     limit = planning.listing_limit(width, len(state.held) + len(state.busy))
     if state.idle and not state.held:
         listing = store.list(layout.segments_prefix(topic), limit=limit)
@@ -198,15 +198,18 @@ def _choose(
     claimant: Claimant, state: PackedState, found: list[Candidate], slots: int, want: int,
     peers: Callable[[], tuple[int, int]],
 ) -> list[Candidate]:
-    """The segments to claim: as few as hold ``want`` messages (at most ``slots``),
-    the oldest; with rivals about (or other consumers registered) at random among
+    """The segments to claim: as few as hold ``want`` messages, the oldest, with at
+    most ``slots`` of them left with messages to hand out (a segment the poll hands
+    out whole takes no slot: small segments are claimed as many at a time as single
+    messages are); with rivals about (or other consumers registered) at random among
     the oldest CONTENDED_WINDOW times as many, so consumers polling together rarely
     race for one segment."""
-    k, total = 0, 0
+    k, total, busy = 0, 0, 0
     for candidate in found:
-        if k >= slots or total >= want:
+        if busy >= slots or total >= want:
             break
         k += 1
+        busy += total + candidate.count > want
         total += candidate.count
     spread = state.contended or peers()[1] > 1
     if not spread or len(found) <= k:
