@@ -552,3 +552,21 @@ def test_a_settlement_waiting_while_its_segment_is_finished_is_not_lost() -> Non
     seg.commit(version)  # a's write, late: carried by the deletion
     assert faults.writes == 0 and not seg.lost
     assert leftovers(pq) == []
+
+
+def test_a_poll_takes_as_many_small_segments_as_it_wants() -> None:
+    """Segments handed out whole take no place among the held ones (it was at most
+    polling.max_segments_held, 4, per poll: one-message segments went four at a time)."""
+    pq, _ = faulty_queue(max_segments_held=2)
+    publish_segments(pq, list(range(12)), 1)
+    publish_segments(pq, list(range(12, 32)), 10)
+    c = pq.register_consumer("c", [TOPIC])
+    first = c.poll(10)
+    assert [m.payload for m in first] == list(range(10))
+    second = c.poll(10)  # two singles, then 8 of a 10-message segment (held)
+    assert [m.payload for m in second] == list(range(10, 20))
+    assert len({id(m.segment) for m in second}) == 3
+    third = c.poll(20)  # the held one's last two, then the next segment
+    assert [m.payload for m in third] == list(range(20, 32))
+    c.ack_many(first + second + third)
+    assert leftovers(pq) == []
