@@ -21,13 +21,14 @@ import pytest
 
 from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, layout, packing
 from pawn_queue_sync.config import load_config
+from pawn_queue_sync.protocol.lease import Capabilities
 from pawn_queue_sync.protocol.segments import SegmentLease
 from pawn_queue_sync.queue.held import HeldSegment
 from pawn_queue_sync.queue.message import Message
 from pawn_queue_sync.storage.memory import MemoryStore
 from tests.servers import deep_merge
 from tests.short_leases import POLLING
-from tests.test_consumer_regressions import JumpClock
+from tests.test_consumer_regressions import CSPRNG_FAST, JumpClock
 from tests.test_lease_seaweedfs import STRATEGIES
 
 TOPIC = "events"
@@ -35,7 +36,10 @@ TOPIC = "events"
 DEADLINE = 60.0
 #: past the visibility timeout and its grace by the server's clock: stale for certain
 STALE = POLLING["visibility_timeout_seconds"] + 2.5
-BACKENDS = ["memory", *(f"seaweedfs-{s}" for s in STRATEGIES)]
+#: memory-no-if-match: a server honouring neither If-None-Match nor If-Match (csprng
+#: claims, every lease write check-write-confirm)
+BACKENDS = ["memory", "memory-no-if-match", *(f"seaweedfs-{s}" for s in STRATEGIES)]
+NO_CONDITIONS = {"concurrency": {"strategy": "csprng_verify", "csprng_verify": CSPRNG_FAST}}
 
 
 def publish_segments(pq: PawnQueue, payloads: Sequence[Any], per: int,
@@ -78,8 +82,8 @@ class Site:
     def __init__(self, backend: str, request: pytest.FixtureRequest) -> None:
         self.backend = backend
         self.clock = JumpClock()
-        self.memory = MemoryStore(self.clock) if backend == "memory" else None
-        base: dict[str, Any] = {}
+        self.memory = MemoryStore(self.clock) if backend.startswith("memory") else None
+        base: dict[str, Any] = NO_CONDITIONS if backend == "memory-no-if-match" else {}
         if self.memory is None:
             base = deep_merge(request.getfixturevalue("real_s3_config"),
                               STRATEGIES[backend.split("-", 1)[1]])
@@ -93,6 +97,8 @@ class Site:
         if self.memory is not None:
             pq = PawnQueue(load_config(self.config(**polling)), store=self.memory,
                            clock=self.clock).setup()
+            if self.backend == "memory-no-if-match":
+                pq.context.caps = Capabilities(if_none_match=False, if_match=False)
         else:
             pq = PawnQueue(load_config(self.config(**polling))).setup()
         self.opened.append(pq)
