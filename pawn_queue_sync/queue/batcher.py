@@ -102,7 +102,7 @@ class SegmentWriter:
         its key. PublishError if the PUT failed (then nothing of it counts as
         published)."""
         when = self.ctx.next_timestamp() if when is None else when
-        segment_id = str(uuid.uuid4())
+        segment_id = new_ids(1)[0]
         body = packing.encode_segment(
             self.topic, segment_id, self.producer_id, layout.iso(when), lines
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import layout
 from ..errors import PayloadError, PublishError, StorageError
-from .batcher import Batcher, SegmentWriter
+from .batcher import Batcher, SegmentWriter, new_ids
 from .context import Context
 from .registry import RegistryEntry
 
@@ -62,7 +62,7 @@ class Producer:
         """
         self._ctx.require_topic(topic)
         if self._ctx.topic_packed(topic):
-            mid = self._message_id(message_id)
+            mid = new_ids(1)[0] if message_id is None else self._message_id(message_id)
             when = self._ctx.next_timestamp() if created_at is None else created_at
             batcher = self._batcher(topic)
             batcher.publish(batcher.writer.line(mid, layout.iso(when), payload))
