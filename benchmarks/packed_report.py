@@ -22,8 +22,9 @@ OP_CLASS = {
 }
 SQS_PER_REQUEST = 0.40 / 1e6
 TARGET_ORDER = ["pk_publish16", "pk_publish_batch", "pk_consume", "pk_e2e_2000msg_s",
-                "rmq_publish_1", "rmq_consume_1", "spark_publish_dataframe",
-                "spark_process_topic"]
+                "pk_e2e_2000msg_s_linger50",
+                "rmq_publish_1", "rmq_consume_1", "spark_rows_to_json",
+                "spark_publish_dataframe", "spark_process_topic"]
 
 
 def build(rows: list[dict[str, Any]], previous: dict[str, Any] | None) -> dict[str, Any]:
