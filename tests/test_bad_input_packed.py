@@ -9,9 +9,7 @@ on SeaweedFS.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import socket
 import threading
 import time
 import uuid
@@ -34,6 +32,7 @@ from pawn_queue_sync import (
 from pawn_queue_sync.encoding import canonical_json
 from pawn_queue_sync.protocol.segments import Progress, SegmentLease
 from tests.credentials import ExpiringCredentials, keyless_config, session_of
+from tests.relay import Relay
 from tests.servers import ACCESS_KEY, SECRET_KEY, S3Server, config_dict, deep_merge
 from tests.test_bad_input import (  # noqa: F401  (config: the fixture, used by name)
     BAD_TOPICS,
@@ -351,55 +350,6 @@ def test_a_packed_publish_with_revoked_credentials_is_a_publish_error(
         assert all("revoked-secret" not in str(e) for e in seen)
     listed = real_s3.client().list_objects_v2(Bucket=real_bucket, Prefix="t/")
     assert sorted(o["Key"] for o in listed.get("Contents", [])) == ["t/.packed", "t/.topic"]
-
-
-class Relay:
-    """A loopback TCP relay to an HTTP server whose :meth:`stop` closes the listening
-    socket and every open connection: the endpoint is gone, kept-alive connections too."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("http://").rstrip("/").split(":")
-        self.upstream = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.sockets: list[socket.socket] = [self.listener]
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                return
-            with self.lock:
-                self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        with self.lock:
-            for s in self.sockets:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
-            self.sockets = []
 
 
 def test_a_packed_publish_to_an_unreachable_endpoint_is_a_publish_error(
