@@ -270,10 +270,6 @@ def test_a_corrupt_segment_lease_loses_nothing(spq: PawnQueue) -> None:
              "the corrupt lease removed")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "B's consumer trusts a segment lease's progress.count over the segment it reads: a "
-    "released lease recording count 1, settled [0, 1) on a 3-message segment makes it "
-    "delete the segment with messages 1 and 2 never delivered"))
 def test_a_segment_lease_whose_count_disagrees_with_its_segment_loses_nothing(
     spq: PawnQueue
 ) -> None:

@@ -329,7 +329,9 @@ class Consumer:
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop a running :meth:`listen` and wait up to ``timeout`` seconds for it to
-        finish (handlers, acks, refresher: every thread joined). True when it has."""
+        finish (handlers, acks, refresher: every thread joined). True when it has.
+        Then gives back the packed topics' segments held with no message out
+        (:meth:`give_back`)."""
         listeners = self._running()
         for listener in listeners:
             listener.stop()

@@ -254,8 +254,8 @@ def _claim(
             return None  # renewed, or taken by someone else, since the listing
         old = _decoded(got.body, claimant, candidate, lease_key)
         progress = old.progress
-        if progress.count is None:
-            progress = progress.with_count(candidate.count)
+        if progress.count != candidate.count:  # the key's count, checked on reading:
+            progress = progress.with_count(candidate.count)  # never trust the lease's
         progress, handed, exhausted = progress.hand_out(progress.unsettled()[:size], most)
         lease = old.rewritten(ctx.clock.now(), ctx.visibility, progress,
                               consumer_id=claimant.id)
