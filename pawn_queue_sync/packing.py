@@ -148,7 +148,7 @@ def decode_segment(raw: bytes, topic: str, segment_id: str) -> list[dict[str, An
     # line held two values, "{..},{..}", and the array came out longer).
     try:
         docs = json.loads("[" + ",".join(lines[1:]) + "]")
-    except ValueError:
+    except (ValueError, RecursionError):
         docs = None
     if docs is None or len(docs) != len(lines) - 1:
         docs = [_parse(line, where, f"line {n}") for n, line in enumerate(lines[1:], 2)]
@@ -167,7 +167,7 @@ def decode_segment(raw: bytes, topic: str, segment_id: str) -> list[dict[str, An
 def _parse(line: str, where: str, what: str) -> Any:
     try:
         return json.loads(line)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise SegmentError(f"{where}: {what} is not JSON: {exc}") from None
 
 

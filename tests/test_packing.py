@@ -181,6 +181,15 @@ CORRUPT: dict[str, tuple[bytes, str]] = {
         "line 2 is not JSON",
     ),
     "message not an object": (_header() + b"\n[1,2]\n", "line 2 is not a JSON object"),
+    # deeper than the JSON parser's recursion limit: a RecursionError, not a ValueError
+    "message nested too deep": (
+        _header() + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        "line 2 is not JSON",
+    ),
+    "header nested too deep": (
+        b"[" * 100_000 + b"]" * 100_000 + b"\n" + _LINE + b"\n",
+        "header is not JSON",
+    ),
     "duplicate id": (_header(count=2) + b"\n" + _LINE + b"\n" + _LINE + b"\n", "repeats"),
     "no id": (_header() + b"\n" + _message(id=_DROP) + b"\n", "line 2 lacks id"),
     "no payload": (_header() + b"\n" + _message(payload=_DROP) + b"\n", "lacks payload"),
