@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..errors import LeaseLostError, StorageError
@@ -63,7 +63,8 @@ class Consumer:
         #: topic's segments excepted: see _polled and _source)
         self._sources: dict[str, MessageSource] = dict.fromkeys(self._topics, self._objects)
         for topic in self._topics:  # asked now, so a first poll costs what it did
-            ctx.topic_packed(topic)
+            with suppress(StorageError):  # a poll asks again
+                ctx.topic_packed(topic)
         #: the listeners running :meth:`listen` now: :meth:`stop` and :meth:`close`
         #: stop them
         self._listeners: set[Listener] = set()
