@@ -576,3 +576,29 @@ def test_a_poll_takes_as_many_small_segments_as_it_wants() -> None:
     assert [m.payload for m in third] == list(range(20, 32))
     c.ack_many(first + second + third)
     assert leftovers(pq) == []
+
+
+def test_what_the_producer_publishes_is_consumed_once(site: Site) -> None:
+    """publish() from threads (group-committed into segments) and publish_batch."""
+    pq = site.queue()
+    producer = pq.register_producer("p")
+    ids = list(producer.publish_batch(TOPIC, [{"b": n} for n in range(150)]))
+    lock = threading.Lock()
+
+    def publish(k: int) -> None:
+        for n in range(10):
+            mid = producer.publish(TOPIC, {"t": k, "n": n})
+            with lock:
+                ids.append(mid)
+
+    threads = [threading.Thread(target=publish, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    assert keys(pq, layout.segments_prefix(TOPIC)) and not keys(pq, layout.messages_prefix(TOPIC))
+    seen: Counter[str] = Counter()
+    pq.register_consumer("c", [TOPIC]).listen(lambda m: seen.update([m.id]), max_workers=8,
+                                              idle_timeout_seconds=1.0)
+    assert set(seen) == set(ids) and len(ids) == 190 and max(seen.values()) == 1
+    assert leftovers(pq) == []
