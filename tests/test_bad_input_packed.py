@@ -137,11 +137,6 @@ def test_a_bad_payload_fails_alone_in_a_group_commit(pq: PawnQueue) -> None:
     assert got == {mid: {"n": n} for n, mid in results.items()}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A's batcher puts publishes of one message_id (a retried publish, as "
-    "Producer.publish's docstring advises for retries) in one segment; the consumer "
-    "then quarantines the whole segment as corrupt ('repeats message id'): messages "
-    "publish() reported published are never delivered"))
 def test_publishes_repeating_a_message_id_are_delivered(
     real_s3: S3Server, real_bucket: str
 ) -> None:

@@ -132,10 +132,13 @@ class SegmentWriter:
 class _Batch:
     """Lines collected for one segment, and who waits for them."""
 
-    __slots__ = ("deadline", "done", "error", "lines", "sealed", "size", "threads", "when")
+    __slots__ = ("deadline", "done", "error", "ids", "lines", "sealed", "size", "threads",
+                 "when")
 
     def __init__(self, deadline: float) -> None:
         self.lines: list[bytes] = []
+        #: message id -> its line's index (a segment holds each id once)
+        self.ids: dict[str, int] = {}
         self.threads: set[threading.Thread] = set()
         self.size = 0
         self.deadline = deadline
@@ -160,26 +163,38 @@ class Batcher:
         #: thread -> monotonic time of its last publish to this topic
         self._recent: dict[threading.Thread, float] = {}
 
-    def publish(self, line: bytes) -> None:
-        """Add one encoded line; returns once its segment is stored, else PublishError."""
+    def publish(self, line: bytes, message_id: str) -> None:
+        """Add one encoded line (of ``message_id``); returns once its segment is stored,
+        else PublishError. A message id already in the open batch (the same message
+        published again, e.g. a retry while the first call is in flight) replaces its
+        line there, as a later PUT of a plain message overwrites its key: a segment
+        never holds an id twice, and both calls return once it is stored."""
         me = threading.current_thread()
         writer = self.writer
         with self._cond:
             now = self._clock.monotonic()
             self._recent[me] = now
             batch = self._open
-            opener = (
-                batch is None
-                or batch.size + len(line) + 1 > writer.max_lines_bytes
-                or len(batch.lines) >= writer.max_messages
-            )
-            if opener or batch is None:
-                if batch is not None:
-                    self._seal(batch)
-                batch = self._open = _Batch(now + self._linger)
-            batch.lines.append(line)
+            opener = False
+            if batch is not None and message_id in batch.ids:
+                index = batch.ids[message_id]
+                batch.size += len(line) - len(batch.lines[index])
+                batch.lines[index] = line
+            else:
+                opener = (
+                    batch is None
+                    or batch.size + len(line) + 1 > writer.max_lines_bytes
+                    or len(batch.lines) >= writer.max_messages
+                )
+                if opener:
+                    if batch is not None:
+                        self._seal(batch)
+                    batch = self._open = _Batch(now + self._linger)
+                assert batch is not None
+                batch.ids[message_id] = len(batch.lines)
+                batch.lines.append(line)
+                batch.size += len(line) + 1
             batch.threads.add(me)
-            batch.size += len(line) + 1
             if len(batch.lines) >= writer.max_messages or self._everyone_in(batch, now):
                 self._seal(batch)
             if opener:

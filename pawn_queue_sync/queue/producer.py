@@ -65,7 +65,7 @@ class Producer:
             mid = new_ids(1)[0] if message_id is None else self._message_id(message_id)
             when = self._ctx.next_timestamp() if created_at is None else created_at
             batcher = self._batcher(topic)
-            batcher.publish(batcher.writer.line(mid, layout.iso(when), payload))
+            batcher.publish(batcher.writer.line(mid, layout.iso(when), payload), mid)
             return mid
         key, body, mid = self._encode(topic, payload, message_id, created_at)
         self._write(topic, key, body)
