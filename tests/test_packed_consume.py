@@ -334,7 +334,8 @@ def test_retry_and_release_give_the_message_back(site: Site) -> None:
 
 
 def test_refresh_keeps_a_segment_and_is_coalesced(site: Site) -> None:
-    pq = site.queue(**POLLING)
+    # renewed when older than half the refresh interval: 1 s here
+    pq = site.queue(visibility_timeout_seconds=6, lease_refresh_interval_seconds=2)
     publish_segments(pq, list(range(3)), 3)
     c = pq.register_consumer("c", [TOPIC])
     msgs = c.poll()
@@ -343,7 +344,7 @@ def test_refresh_keeps_a_segment_and_is_coalesced(site: Site) -> None:
     for msg in msgs:  # fresh now: nothing to write
         c.refresh(msg)
     assert msgs[0].segment.token == token
-    site.clock.jump(1.0) if site.memory is not None else time.sleep(1.0)
+    site.clock.jump(1.1) if site.memory is not None else time.sleep(1.1)
     c.refresh(msgs[0])
     assert msgs[0].segment.token != token
     c.refresh(msgs[1])
