@@ -1,0 +1,156 @@
+"""Review of packed topics (issue 14): reproductions of defects found by reading the
+code. Each test asserts the documented behaviour and is marked xfail(strict=True)
+while the defect stands, so the suite stays green and the marker must go with the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from pawn_queue_sync import PawnQueue, layout
+from tests.forking import in_child
+from tests.short_leases import POLLING
+from tests.test_consumer_regressions import JumpClock
+from tests.test_packed_consume import (
+    STALE,
+    TOPIC,
+    faulty_queue,
+    leftovers,
+    publish_segments,
+)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "held.hand_out dead-letters exhausted messages without finishing the segment: "
+    "segment and lease left, held forever"
+))
+def test_a_segment_whose_last_message_is_dead_lettered_by_retries_is_deleted() -> None:
+    """retry() up to max_delivery_count: the next hand-out dead-letters the message and
+    records it settled; with every message settled the segment must be finished
+    (deleted, then its lease), as an ack or a nack of the last message does."""
+    pq, _ = faulty_queue(max_delivery_count=2)
+    (ids,) = publish_segments(pq, ["poison"], 1)
+    c = pq.register_consumer("c", [TOPIC])
+    for _ in range(2):
+        (m,) = c.poll()
+        c.retry(m, "boom")
+    assert c.poll() == []  # dead-lettered instead of handed out
+    pq.store.get(layout.dead_letter_key(TOPIC, ids[0]))
+    for _ in range(3):
+        assert c.poll() == []
+    assert leftovers(pq) == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "segment_claims._claim dead-letters exhausted messages at a takeover without "
+    "finishing the segment; the taker keeps it held forever"
+))
+def test_a_takeover_that_dead_letters_the_last_message_finishes_the_segment() -> None:
+    """The holder dies with the only message out; the next taker finds it at
+    max_delivery_count, dead-letters it and records it settled: nothing is left to
+    deliver, so the segment must be finished (deleted, then its lease). It stays,
+    held by the taker forever (its own held segments are never candidates)."""
+    clock = JumpClock()
+    pq, _ = faulty_queue(clock, **{**POLLING, "max_delivery_count": 1})
+    (ids,) = publish_segments(pq, ["kills its process"], 1)
+    assert [m.payload for m in pq.register_consumer("a", [TOPIC]).poll()] == [
+        "kills its process"]
+    clock.jump(STALE)  # a died holding it
+    b = pq.register_consumer("b", [TOPIC])
+    assert b.poll() == []  # dead-lettered instead of handed out
+    pq.store.get(layout.dead_letter_key(TOPIC, ids[0]))
+    for _ in range(2):
+        clock.jump(STALE)
+        assert b.poll() == []
+    assert leftovers(pq) == []
+
+
+def _lease_body(pq: Any, errors: Any) -> bytes:
+    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
+    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
+    return json.dumps({
+        "consumer_id": "x", "message_id": sid, "claimed_at": "2020-01-01T00:00:00+00:00",
+        "expires_at": "2020-01-01T00:00:30+00:00", "nonce": "n", "segment_key": seg_key,
+        "released": False,
+        "progress": {"count": 2, "settled": [], "deliveries": [], "errors": errors},
+    }).encode()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SegmentLease.decode raises ValueError (errors key '²') / RecursionError (deep "
+    "nesting), not SegmentError: every poll of the topic raises"
+))
+@pytest.mark.parametrize("bad", ["digit", "deep"])
+def test_a_stale_unreadable_segment_lease_never_breaks_a_poll(bad: str) -> None:
+    """docs/guarantees.md: a stale lease whose body cannot be read is taken over
+    afresh (its messages delivered again, never lost), and a corrupt object never
+    breaks a poll. An errors key that str.isdigit() accepts but int() refuses ('²')
+    raises ValueError, a body nested deeper than the parser's limit RecursionError:
+    neither is SegmentError, so every poll of the topic raises."""
+    clock = JumpClock()
+    pq, _ = faulty_queue(clock, **POLLING)
+    publish_segments(pq, ["a", "b"], 2)
+    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
+    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
+    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
+            else b"[" * 100_000 + b"]" * 100_000)
+    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    clock.jump(STALE)
+    c = pq.register_consumer("c", [TOPIC])
+    got = c.poll(10)
+    assert sorted(m.payload for m in got) == ["a", "b"]
+    c.ack_many(got)
+    assert leftovers(pq) == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "topic_stats: SegmentLease.decode raises ValueError / RecursionError on these "
+    "lease bodies"
+))
+@pytest.mark.parametrize("bad", ["digit", "deep"])
+def test_topic_stats_survives_an_unreadable_segment_lease(bad: str) -> None:
+    """topic_stats counts an unreadable segment lease as settling nothing (stats.py);
+    these two raise ValueError / RecursionError instead."""
+    pq, _ = faulty_queue()
+    publish_segments(pq, ["a", "b"], 2)
+    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
+    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
+    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
+            else b"[" * 100_000 + b"]" * 100_000)
+    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    assert pq.topic_stats(TOPIC)["pending"] == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "held segments and their reservations are copied into a forked child: child and "
+    "parent hand out the same reserved message"
+))
+def test_a_forked_child_does_not_hand_out_its_parents_reserved_messages(
+    real_s3_config: dict[str, Any],
+) -> None:
+    """A consumer reserves deliveries ahead in its segment's lease and hands them out
+    later without a request. In a forked child the held segments (and their
+    reservations) are copies of the parent's: a child's poll hands out the same
+    reserved message as the parent's next poll, under one live lease."""
+    with PawnQueue.from_config(real_s3_config) as pq:
+        pq.create_topic(TOPIC, packed=True)
+        publish_segments(pq, list(range(10)), 10)
+        c = pq.register_consumer("c", [TOPIC])
+        first = c.poll(1) + c.poll(1)  # the second reservation counts 2 ahead
+        assert [m.payload for m in first] == [0, 1]
+        read, write = os.pipe()
+
+        def child() -> int:
+            got = c.poll(1)
+            os.write(write, json.dumps([m.id for m in got]).encode())
+            return 0
+
+        assert in_child(child) == 0
+        os.close(write)
+        child_ids = json.loads(os.read(read, 65536) or b"[]")
+        os.close(read)
+        parent_ids = [m.id for m in c.poll(1)]
+        assert not set(child_ids) & set(parent_ids), "one message handed out twice"
