@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue, layout
+from pawn_queue_sync import PawnQueue, drain, layout
 from tests.forking import in_child
 from tests.short_leases import POLLING
 from tests.test_consumer_regressions import JumpClock
@@ -154,3 +154,49 @@ def test_a_forked_child_does_not_hand_out_its_parents_reserved_messages(
         os.close(read)
         parent_ids = [m.id for m in c.poll(1)]
         assert not set(child_ids) & set(parent_ids), "one message handed out twice"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "drain() (and so process_topic's tasks) never gives held segments back: the rest "
+    "of the segment waits a visibility timeout, its reserved deliveries counted"
+))
+def test_drain_gives_its_segments_back_as_listen_does() -> None:
+    """drain() (what process_topic runs in each Spark task) stops at max_messages with
+    deliveries reserved ahead in its segment's lease. listen() and close() give such
+    segments back (released, the reservations taken back); drain() does not, so the
+    rest of the segment waits a visibility timeout and comes back with a delivery
+    counted that no handler saw (repeated, it reaches max_delivery_count and
+    dead-letters messages never handled)."""
+    pq, _ = faulty_queue()
+    publish_segments(pq, list(range(20)), 20)
+    a = pq.register_consumer("a", [TOPIC])
+    result = drain(a, lambda m: None, max_messages=5, threads=4, idle_timeout_seconds=0)
+    assert result.processed == 5
+    b = pq.register_consumer("b", [TOPIC])
+    rest = b.poll(20)
+    assert [m.payload for m in rest] == list(range(5, 20))
+    assert [m.delivery_count for m in rest] == [1] * 15
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "deliveries reserved by a drain that is not given back count: messages no handler"
+    " ever saw are dead-lettered at max_delivery_count"
+))
+def test_repeated_drains_never_dead_letter_messages_every_handler_acked() -> None:
+    """A job draining at most 5 messages per run (process_topic(max_messages=...) on a
+    schedule), each run a new consumer: every message is handled and acked, so none
+    may ever be dead-lettered. The reservations each run leaves counted (drain does
+    not give its segments back) reach max_delivery_count (2) on messages no handler
+    saw, and the next run dead-letters them."""
+    clock = JumpClock()
+    pq, _ = faulty_queue(clock, **{**POLLING, "max_delivery_count": 2})
+    publish_segments(pq, list(range(40)), 40)
+    handled: list[int] = []
+    for run in range(12):
+        c = pq.register_consumer(f"run{run}", [TOPIC])
+        drain(c, lambda m: handled.append(m.payload), max_messages=5, threads=4,
+              idle_timeout_seconds=0)
+        clock.jump(STALE)
+    dead = [o.key for o in pq.store.list(layout.dead_letter_prefix(TOPIC)).objects]
+    assert dead == []
+    assert sorted(handled) == list(range(40))
