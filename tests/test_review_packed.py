@@ -200,3 +200,24 @@ def test_repeated_drains_never_dead_letter_messages_every_handler_acked() -> Non
     dead = [o.key for o in pq.store.list(layout.dead_letter_prefix(TOPIC)).objects]
     assert dead == []
     assert sorted(handled) == list(range(40))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "spark.segments.segment_rows (batch read of a packed topic): SegmentLease.decode "
+    "raises ValueError / RecursionError on these lease bodies"
+))
+@pytest.mark.parametrize("bad", ["digit", "deep"])
+def test_the_spark_reader_survives_an_unreadable_segment_lease(bad: str) -> None:
+    """segment_rows reads the lease to leave settled messages out; a lease it cannot
+    read counts as none (all rows given). These bodies raise instead."""
+    from pawn_queue_sync.spark.segments import segment_rows
+
+    pq, _ = faulty_queue()
+    publish_segments(pq, ["a", "b"], 2)
+    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
+    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
+    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
+            else b"[" * 100_000 + b"]" * 100_000)
+    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    rows = list(segment_rows(pq.store, TOPIC, seg_key, pq.store.get(seg_key).body))
+    assert [r[4] for r in rows] == ['"a"', '"b"']
