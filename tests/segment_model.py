@@ -317,6 +317,7 @@ class ModelConsumer:
             progress, handed, exhausted = old.progress.with_count(count).hand_out(
                 old.progress.unsettled(count)[:want], MAX_DELIVERY)
             lease = old.rewritten(self.wall(), VISIBILITY, progress, consumer_id=self.name)
+            sent = self.sim.now  # the fence runs from the write (queue.segment_claims)
             token = yield from seg.take_over(self.caps, lkey, etag, lease, CSPRNG)
         if token is None:
             return
