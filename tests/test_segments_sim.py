@@ -39,12 +39,14 @@ import types
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from pawn_queue_sync import layout
+from pawn_queue_sync.errors import LeaseLostError
 from pawn_queue_sync.protocol import segments as seg
 from pawn_queue_sync.protocol.effects import Delete, Put
+from pawn_queue_sync.protocol.lease import _still_ours as still_ours
 from pawn_queue_sync.protocol.lease import release
 from tests import segment_model
 from tests.segment_checks import check
@@ -84,8 +86,11 @@ def worlds(draw, caps, max_delay: float):
                       st.floats(0.0, top))
     delays = st.lists(st.tuples(delay, delay), min_size=1, max_size=8).map(tuple)
     pause = st.one_of(st.just(0.0), st.floats(0.0, 2 * VISIBILITY))
-    handling = st.builds(Handling, work=st.one_of(st.just(0.0), st.floats(0.0, 2.5 * VISIBILITY)),
-                         outcome=st.sampled_from(OUTCOMES))
+    # Work often ends, and consumers often start, just as a lease written at the start
+    # turns stale (visibility + 1 s grace): the races of a late record with a takeover.
+    stale = st.floats(VISIBILITY + 0.9, VISIBILITY + 1.3)
+    work = st.one_of(st.just(0.0), st.floats(0.0, 2.5 * VISIBILITY), stale)
+    handling = st.builds(Handling, work=work, outcome=st.sampled_from(OUTCOMES))
     crash = st.one_of(
         st.none(),
         st.sampled_from(NAMED_CRASHES),
@@ -94,7 +99,7 @@ def worlds(draw, caps, max_delay: float):
                   st.one_of(st.just(0), st.integers(0, 2))),
     )
     consumer = st.builds(
-        ConsumerPlan, start=st.one_of(st.just(0.0), st.floats(0.0, 2 * VISIBILITY)),
+        ConsumerPlan, start=st.one_of(st.just(0.0), st.floats(0.0, 2 * VISIBILITY), stale),
         delays=delays, seed=st.integers(0, 2**32 - 1), want=st.integers(1, 3),
         handling=st.lists(handling, min_size=1, max_size=4).map(tuple), crash=crash,
         rounds=st.integers(1, 4), pause=pause,
@@ -127,14 +132,28 @@ def test_conditional_write_any_delays(w):
     prove(w)
 
 
+#: A late record racing a takeover (found by sweeping c1's start; hypothesis rarely
+#: draws it): c0's handler ends as its lease turns stale; c1 checks the stale version
+#: just before c0's rewrite lands and writes its takeover just after. Without If-Match,
+#: only the record's confirmation (2 x jitter_min later) tells c0 it lost the lease.
+LATE_RECORD_RACING_A_TAKEOVER = World(
+    NEITHER, 0.0, (3,),
+    (ConsumerPlan(0.0, ((0.02, 0.02),), 0, 1, (Handling(4.0, "ack"),)),
+     ConsumerPlan(4.385, ((0.02, 0.02),), 1, 3, (Handling(0.0, "ack"),), rounds=1)),
+    (JanitorPlan((0.0,), ((0.0, 0.0),)),),
+)
+
+
 @FAST
 @given(worlds(IF_MATCH_ONLY, max_delay=BOUND))
+@example(attrs.evolve(LATE_RECORD_RACING_A_TAKEOVER, caps=IF_MATCH_ONLY))
 def test_csprng_with_if_match_within_the_bound(w):
     prove(w)
 
 
 @FAST
 @given(worlds(NEITHER, max_delay=BOUND))
+@example(LATE_RECORD_RACING_A_TAKEOVER)
 def test_csprng_without_if_match_within_the_bound(w):
     prove(w)
 
@@ -239,6 +258,13 @@ def record_unfenced(caps, key, token, lease, csprng):
     return (yield Put(key, lease.encode())).etag
 
 
+def record_unconfirmed(caps, key, token, lease, csprng):
+    """Without If-Match: check, then write, and no second look."""
+    if not (yield from still_ours(key, token)):
+        raise LeaseLostError(lease.message_id)
+    return (yield Put(key, lease.encode())).etag
+
+
 def finish_lease_first(caps, key, token, segment_key):
     yield from release(key, token, caps)
     yield Delete(segment_key)
@@ -256,6 +282,15 @@ def test_the_checks_catch_a_broken_protocol(monkeypatch, name, protocol, crash, 
     with pytest.raises(AssertionError, match=found):
         scenario(BOTH, plan(want=1, handling=(Handling(0.0, "ack"), Handling(6.0, "ack")),
                             crash=crash), plan(0.5))
+
+
+def test_the_checks_catch_a_record_without_its_confirmation(monkeypatch):
+    """LATE_RECORD_RACING_A_TAKEOVER with a record that does not look again: c0 goes
+    on handing out under a version c1 has overwritten."""
+    broken(monkeypatch, "record", record_unconfirmed)
+    with pytest.raises(AssertionError, match=r"c0 may hand out in .* and c1 in"):
+        sim, log = run_world(LATE_RECORD_RACING_A_TAKEOVER)
+        check(LATE_RECORD_RACING_A_TAKEOVER, sim, log)
 
 
 @CAPS
