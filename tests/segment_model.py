@@ -1,15 +1,18 @@
-"""A model consumer of packed topics on the simulated S3 (tests/sim_s3.py), and the checks.
+"""A model consumer of packed topics on the simulated S3 (tests/sim_s3.py).
 
 The consumer is built from the protocols of ``pawn_queue_sync.protocol.segments`` (claim,
 take over, record, finish) and the pure ``Progress`` logic, as ``queue.packed`` uses them:
 it lists segments and their leases; claims a free segment (the claim records the first
 hand-out) or takes over a stale or released lease (carrying its progress, adding our
-hand-out); "delivers" the handed messages (appends to a shared log) only inside the time
-fence of the write that recorded them; lets a handler settle each one (ack, nack, retry);
+hand-out); "delivers" the messages a write reserved (appends to a shared log) one after
+another, each only while that write is younger than ``VISIBILITY`` (older: the lease is
+rewritten first, as queue.held does); lets a handler settle each one (ack, nack, retry);
 dead-letters a message whose recorded deliveries reached ``MAX_DELIVERY`` (PUT of the
 dead letter, then the recording); records the settlements and the next hand-out in one
-write (a group commit); gives the segment back (``released``) when its plan says so;
-and, when every message is settled, deletes the segment, then the lease. A janitor removes
+write (a group commit); gives the segment back (``released``, reserved deliveries taken
+back) when its plan says so; and, when every message is settled, deletes the segment,
+then the lease (or, for an ack batch completing the segment well inside the fence,
+queue.packed's delete of the segment without recording, then of the lease). A janitor removes
 a lease whose segment is gone, once stale. Any actor may crash: it stops for good after a
 chosen effect (counted in all, or within a named phase).
 
@@ -296,8 +299,8 @@ class ModelConsumer:
                     options.append(("take", sid, o.key, count, info.etag))
         return self.rng.choice(options) if options else None
 
-    def new_lease(self, h_sid: str, skey: str, progress: Any) -> Any:
-        return seg.SegmentLease.new(self.name, h_sid, skey, self.wall(), VISIBILITY, progress)
+    def new_lease(self, sid: str, skey: str, progress: Any) -> Any:
+        return seg.SegmentLease.new(self.name, sid, skey, self.wall(), VISIBILITY, progress)
 
     def work(self, mode: str, sid: str, skey: str, count: int, etag: str | None):
         lkey = layout.segment_lease_key(TOPIC, sid)
