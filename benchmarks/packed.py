@@ -10,6 +10,7 @@ server, with the same client settings and 1 KiB payloads.
   loop, 64 threads calling ``publish()``) and one consumer process (``listen``,
   8 workers); latency is publish() -> handler call. Packed only: a plain topic does
   not keep up with that rate on this machine (see ``pk_consume``'s plain row).
+  ``pk_e2e_linger50`` is the same with the producer's ``publishing.linger_ms=50``.
 
 Rows go to ``bench.packed`` (rendered by :mod:`benchmarks.packed_report`); the Spark
 rows (:mod:`benchmarks.spark_bench`) and redis-message-queue rows
