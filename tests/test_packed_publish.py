@@ -4,6 +4,7 @@ failures; on MemoryStore and on SeaweedFS."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -125,6 +126,42 @@ def test_topic_packed_is_cached_false_for_a_while_true_for_good() -> None:
     clock.advance(10 * PACKED_RECHECK_SECONDS)
     assert reader.context.topic_packed(TOPIC) is True
     assert heads.count(manifest) == 2  # a packed topic stays packed: never asked again
+
+
+def test_threads_starting_together_look_up_the_manifest_once() -> None:
+    """Many threads publishing to a topic at once in a fresh process send one HEAD of
+    its manifest, not one each (64 threads sent 46 before: the benchmark's producer)."""
+    store = MemoryStore()
+    pq = memory_queue(store=store)
+    pq.create_topic(TOPIC, packed=True)
+    fresh = memory_queue(store=store)
+    heads: list[str] = []
+    in_head, release = threading.Event(), threading.Event()
+    real_head = store.head
+
+    def slow_head(key: str) -> Any:
+        heads.append(key)
+        in_head.set()
+        assert release.wait(JOIN_TIMEOUT)
+        return real_head(key)
+
+    store.head = slow_head  # type: ignore[method-assign]
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        fresh.context.topic_packed(TOPIC))) for _ in range(16)]
+    threads[0].start()
+    assert in_head.wait(JOIN_TIMEOUT)
+    for t in threads[1:]:
+        t.start()
+    # Without one lookup at a time, the others' HEADs arrive at once; give them a
+    # bounded chance to (the answer does not depend on how long this is).
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: len(heads) > 1, "a second HEAD", timeout=0.5)
+    release.set()
+    for t in threads:
+        t.join(JOIN_TIMEOUT)
+    assert answers == [True] * 16
+    assert heads == [layout.packed_manifest_key(TOPIC)]
 
 
 def test_a_failed_recheck_keeps_the_plain_answer() -> None:

@@ -36,6 +36,8 @@ class Context:
     _plain_seen: dict[str, float] = attrs.field(factory=dict, init=False)
     _packed_topics: set[str] = attrs.field(factory=set, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    #: one manifest lookup at a time: threads starting together send one HEAD, not many
+    _packed_check: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _pools: dict[str, ThreadPoolExecutor] = attrs.field(factory=dict, init=False)
     #: name -> the workers its pool was built with
     _sizes: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -123,30 +125,43 @@ class Context:
         """Whether ``topic`` is packed (its manifest ``{topic}/.packed`` exists): one HEAD,
         then cached in this process, a True for good (the manifest is never removed), a
         False for :data:`PACKED_RECHECK_SECONDS` (another process may switch the topic)."""
+        cached = self._packed_cached(topic)
+        if cached is not None:
+            return cached
+        with self._packed_check:  # others starting together wait for this lookup
+            cached = self._packed_cached(topic)
+            if cached is not None:
+                return cached
+            with self._lock:
+                seen = self._plain_seen.get(topic)
+            now = self.clock.monotonic()
+            try:
+                self.store.head(layout.packed_manifest_key(topic))
+            except ObjectNotFound:
+                pass
+            except StorageError:
+                if seen is None:
+                    raise
+                # A recheck that failed: keep the answer we had (a message published
+                # plain into a packed topic is still consumed), look again later.
+            else:
+                self.remember_packed(topic)
+                return True
+            with self._lock:
+                if topic in self._packed_topics:  # marked meanwhile by create_topic
+                    return True
+                self._plain_seen[topic] = now
+            return False
+
+    def _packed_cached(self, topic: str) -> bool | None:
+        """The cached answer of :meth:`topic_packed`, or None when it must look."""
         with self._lock:
             if topic in self._packed_topics:
                 return True
             seen = self._plain_seen.get(topic)
-            now = self.clock.monotonic()
-            if seen is not None and now - seen < PACKED_RECHECK_SECONDS:
+            if seen is not None and self.clock.monotonic() - seen < PACKED_RECHECK_SECONDS:
                 return False
-        try:
-            self.store.head(layout.packed_manifest_key(topic))
-        except ObjectNotFound:
-            pass
-        except StorageError:
-            if seen is None:
-                raise
-            # A recheck that failed: keep the answer we had (a message published
-            # plain into a packed topic is still consumed), look again later.
-        else:
-            self.remember_packed(topic)
-            return True
-        with self._lock:
-            if topic in self._packed_topics:  # marked meanwhile by create_topic
-                return True
-            self._plain_seen[topic] = now
-        return False
+            return None
 
     def remember_packed(self, topic: str) -> None:
         """Cache that ``topic`` is packed (its manifest exists)."""
@@ -173,6 +188,7 @@ def _reset_locks_after_fork() -> None:
     the fork would stay held forever, so every context gets a fresh one."""
     for ctx in list(_CONTEXTS):
         ctx._lock = threading.Lock()
+        ctx._packed_check = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
