@@ -272,3 +272,53 @@ def test_a_fragmented_segment_lease_is_read_in_reasonable_time() -> None:
                        capture_output=True)
     except subprocess.TimeoutExpired:
         pytest.fail("decoding the lease took over 15 s")
+
+
+_TAKE_OVER_HUGE_COUNT = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))  # 2 GiB: never the machine's
+import uuid
+from pawn_queue_sync import layout
+from pawn_queue_sync.protocol.segments import Progress, SegmentLease
+from tests.short_leases import POLLING
+from tests.test_consumer_regressions import JumpClock
+from tests.test_packed_consume import STALE, TOPIC, faulty_queue, publish_segments
+clock = JumpClock()
+pq, _ = faulty_queue(clock, **POLLING)
+publish_segments(pq, ["fine"], 1)
+sid = str(uuid.uuid4())
+key = layout.segment_key(TOPIC, "20000101T000000_000000", sid, 999_999_999)
+pq.store.put(key, b"not a segment\\n")
+# a consumer claimed it (its first hand-out recorded) and died before reading it
+progress, _, _ = Progress(count=999_999_999).hand_out(range(10), 3)
+lease = SegmentLease.new("dead", sid, key, clock.now(), 3.0, progress)
+pq.store.put(layout.segment_lease_key(TOPIC, sid), lease.encode())
+clock.jump(STALE)
+c = pq.register_consumer("c", [TOPIC])
+got = []
+for _ in range(3):  # the corrupt one (the oldest) may take a poll of its own
+    got += c.poll(10)
+assert [m.payload for m in got] == ["fine"], got
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a takeover lists every unsettled index of the segment (Progress.unsettled() over "
+    "the key's count, up to 999,999,999) before taking the poll's few: a corrupt key "
+    "whose claimer died before reading it makes every poll raise MemoryError (or "
+    "exhaust the machine's memory)"
+))
+def test_taking_over_a_lease_of_a_segment_key_with_a_huge_count_never_breaks_a_poll(
+) -> None:
+    """A corrupt object named as a segment of 999,999,999 messages, claimed by a
+    consumer that died before reading it (the crash window between the claim and the
+    GET): the next poll takes the stale lease over, then reads the object and
+    quarantines it, and goes on. Run in a child process under a 2 GiB address-space
+    limit, so a poll that tries to allocate gigabytes fails there (MemoryError)
+    instead of exhausting the machine."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TAKE_OVER_HUGE_COUNT], timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
