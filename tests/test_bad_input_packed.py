@@ -110,6 +110,22 @@ def test_bad_payloads_on_a_packed_topic_raise_and_write_nothing(pq: PawnQueue) -
     assert [m.id for m in pq.register_consumer("c", ["t"]).poll()] == ids
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
+@pytest.mark.parametrize("when", ["2020-01-01", 1577836800, object()])
+def test_a_created_at_that_is_not_a_datetime_is_a_payload_error(
+    pq: PawnQueue, packed: bool, when: Any
+) -> None:
+    """``created_at`` must be a datetime: anything else is a PayloadError before any
+    write (an AttributeError from deep inside the encoding before), on both kinds."""
+    topic = "t" if packed else "plain"
+    pq.create_topic(topic)
+    before = all_keys(pq)
+    with pytest.raises(PayloadError, match="created_at must be a datetime"):
+        pq.register_producer("p").publish(topic, {"n": 1}, created_at=when)
+    assert [k for k in all_keys(pq) if not k.startswith("_registry/")] == [
+        k for k in before if not k.startswith("_registry/")]
+
+
 def test_a_bad_payload_fails_alone_in_a_group_commit(pq: PawnQueue) -> None:
     """Threads publishing at once share segments: the one bad payload among them
     fails its own caller only, and every good one is published once."""

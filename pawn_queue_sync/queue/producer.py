@@ -63,7 +63,7 @@ class Producer:
         self._ctx.require_topic(topic)
         if self._ctx.topic_packed(topic):
             mid = new_ids(1)[0] if message_id is None else self._message_id(message_id)
-            when = self._ctx.next_timestamp() if created_at is None else created_at
+            when = self._created_at(created_at)
             batcher = self._batcher(topic)
             batcher.publish(batcher.writer.line(mid, layout.iso(when), payload), mid)
             return mid
@@ -141,11 +141,21 @@ class Producer:
         except ValueError:
             raise PayloadError(f"message_id {message_id!r} is not a UUID") from None
 
+    def _created_at(self, created_at: datetime | None) -> datetime:
+        """The message's time: ``created_at`` (a datetime), else now."""
+        if created_at is None:
+            return self._ctx.next_timestamp()
+        if not isinstance(created_at, datetime):
+            raise PayloadError(
+                f"created_at must be a datetime, not {type(created_at).__name__}"
+            )
+        return created_at
+
     def _encode(
         self, topic: str, payload: Any, message_id: str | None, created_at: datetime | None
     ) -> tuple[str, bytes, str]:
         mid = self._message_id(message_id)
-        when = self._ctx.next_timestamp() if created_at is None else created_at
+        when = self._created_at(created_at)
         doc = {
             "id": mid,
             "topic": topic,
