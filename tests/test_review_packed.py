@@ -87,10 +87,6 @@ def _lease_body(pq: Any, errors: Any) -> bytes:
     }).encode()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SegmentLease.decode raises ValueError (errors key '²') / RecursionError (deep "
-    "nesting), not SegmentError: every poll of the topic raises"
-))
 @pytest.mark.parametrize("bad", ["digit", "deep"])
 def test_a_stale_unreadable_segment_lease_never_breaks_a_poll(bad: str) -> None:
     """docs/guarantees.md: a stale lease whose body cannot be read is taken over
@@ -114,10 +110,6 @@ def test_a_stale_unreadable_segment_lease_never_breaks_a_poll(bad: str) -> None:
     assert leftovers(pq) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "topic_stats: SegmentLease.decode raises ValueError / RecursionError on these "
-    "lease bodies"
-))
 @pytest.mark.parametrize("bad", ["digit", "deep"])
 def test_topic_stats_survives_an_unreadable_segment_lease(bad: str) -> None:
     """topic_stats counts an unreadable segment lease as settling nothing (stats.py);
@@ -215,10 +207,6 @@ def test_repeated_drains_never_dead_letter_messages_every_handler_acked(
     assert sorted(handled) == list(range(40))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "spark.segments.segment_rows (batch read of a packed topic): SegmentLease.decode "
-    "raises ValueError / RecursionError on these lease bodies"
-))
 @pytest.mark.parametrize("bad", ["digit", "deep"])
 def test_the_spark_reader_survives_an_unreadable_segment_lease(bad: str) -> None:
     """segment_rows reads the lease to leave settled messages out; a lease it cannot

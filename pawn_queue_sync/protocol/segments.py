@@ -27,6 +27,7 @@ import bisect
 import contextlib
 import json
 import random
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -53,6 +54,9 @@ __all__ = [
 
 #: A recorded retry error keeps at most this many characters (the lease stays small).
 ERROR_CHARS = 500
+#: An index key of ``progress.errors``: ASCII digits, short enough for int() (which
+#: refuses strings of more than 4300 digits, with ValueError).
+_INDEX = re.compile(r"[0-9]{1,18}")
 
 # -- progress -----------------------------------------------------------------------------
 
@@ -183,8 +187,9 @@ class Progress:
             raise SegmentError("progress.errors must be an object")
         parsed: dict[int, str] = {}
         for k, text in errors.items():
-            if not (isinstance(k, str) and k.isdigit() and isinstance(text, str)):
-                raise SegmentError(f"progress.errors: {k!r} is not index -> text")
+            # ASCII digits only: str.isdigit() also accepts '²', which int() refuses
+            if not (isinstance(k, str) and _INDEX.fullmatch(k) and isinstance(text, str)):
+                raise SegmentError(f"progress.errors: {k[:40]!r} is not index -> text")
             parsed[int(k)] = text[:ERROR_CHARS]
         runs = _runs.normal(settled, 2, "settled")
         progress = cls(
@@ -276,7 +281,7 @@ class SegmentLease:
         """Parse a lease body; SegmentError names what is wrong."""
         try:
             doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise SegmentError(f"segment lease is not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise SegmentError("segment lease is not a JSON object")
