@@ -31,10 +31,6 @@ def steady_reservations(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(held, "_RESERVE_GROWS_WITHIN_S", 3600.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "held.hand_out dead-letters exhausted messages without finishing the segment: "
-    "segment and lease left, held forever"
-))
 def test_a_segment_whose_last_message_is_dead_lettered_by_retries_is_deleted() -> None:
     """retry() up to max_delivery_count: the next hand-out dead-letters the message and
     records it settled; with every message settled the segment must be finished
@@ -52,10 +48,6 @@ def test_a_segment_whose_last_message_is_dead_lettered_by_retries_is_deleted() -
     assert leftovers(pq) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "segment_claims._claim dead-letters exhausted messages at a takeover without "
-    "finishing the segment; the taker keeps it held forever"
-))
 def test_a_takeover_that_dead_letters_the_last_message_finishes_the_segment() -> None:
     """The holder dies with the only message out; the next taker finds it at
     max_delivery_count, dead-letters it and records it settled: nothing is left to

@@ -188,14 +188,20 @@ class HeldSegment:
         if len(got) >= n:
             return got
         with self.lock:
-            if self.lost or self.done or not (self.pending or self.reserved):
-                return got
-            picks = [heapq.heappop(self.pending)
-                     for _ in range(min(self._next_size(n), len(self.pending)))]
-            self.desired, handed, exhausted = self.desired.hand_out(
-                picks, self.claimant.ctx.config.polling.max_delivery_count)
-            self.version += 1
-            version = self.version
+            idle = self.lost or self.done or not (self.pending or self.reserved)
+            # every message settled, the last by dead letters whose record had failed
+            unfinished = not (self.lost or self.done) and self.desired.complete
+            if not idle:
+                picks = [heapq.heappop(self.pending)
+                         for _ in range(min(self._next_size(n), len(self.pending)))]
+                self.desired, handed, exhausted = self.desired.hand_out(
+                    picks, self.claimant.ctx.config.polling.max_delivery_count)
+                self.version += 1
+                version = self.version
+        if idle:
+            if unfinished:
+                self._finish_settled(got)
+            return got
         if exhausted:
             self.dead_letter_exhausted(exhausted)
         try:
@@ -211,7 +217,22 @@ class HeldSegment:
             raise
         with self.lock:
             self.reserved.extend(handed)
+        if exhausted:  # the last unsettled messages may have been dead-lettered
+            self._finish_settled(got)
         return got + self._take(n - len(got))
+
+    def _finish_settled(self, got: list[Message]) -> None:
+        """Every message settled without an ack (dead-lettered at
+        ``max_delivery_count``): record it if not yet, then finish the segment, as the
+        ack or nack of the last message does. A failed write is raised unless ``got``
+        has messages to return (a later poll tries again)."""
+        try:
+            self.commit(self.version)
+        except (StorageError, LeaseLostError) as exc:
+            if got or isinstance(exc, LeaseLostError):
+                return
+            raise
+        self.finish_if_complete()
 
     def _take(self, n: int) -> list[Message]:
         """Up to ``n`` reserved messages, while our last write is fresh."""

@@ -275,8 +275,11 @@ def _claim(
     if exhausted:
         try:
             seg.commit(seg.version)
-        except StorageError as exc:  # recorded with the next write
+        except StorageError as exc:  # recorded with the next write (then finished)
             log.warning("could not record dead letters of %s: %s", seg.key, exc)
+            return seg
+        if seg.finish_if_complete():  # those were its last unsettled messages
+            return None
     return seg
 
 
