@@ -116,10 +116,6 @@ def test_topic_stats_survives_an_unreadable_segment_lease(bad: str) -> None:
     assert pq.topic_stats(TOPIC)["pending"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "held segments and their reservations are copied into a forked child: child and "
-    "parent hand out the same reserved message"
-))
 def test_a_forked_child_does_not_hand_out_its_parents_reserved_messages(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

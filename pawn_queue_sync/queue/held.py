@@ -385,8 +385,15 @@ class HeldSegment:
         self.claimant.drop_lease(self.lease_key, self.token)
 
     def _after_fork(self) -> None:
+        """In a forked child: fresh locks, and nothing more to hand out. The lease and
+        the deliveries it reserved are the parent's, which goes on handing them out:
+        a child handing them out too would deliver them twice under one lease. (A
+        message the parent had handed out before the fork may still be settled in the
+        child, as on plain topics.)"""
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
+        self.reserved.clear()
+        self.pending = []
 
 
 def _same(progress: Progress) -> Progress:

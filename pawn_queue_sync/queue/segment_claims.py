@@ -58,7 +58,10 @@ class PackedState:
         renew_locks_after_fork(self)
 
     def _after_fork(self) -> None:
+        """In a forked child: a fresh lock, and no segment held (they are the
+        parent's: the child claims its own; see HeldSegment._after_fork)."""
         self.lock = threading.Lock()
+        self.held = []
 
 
 @attrs.frozen
