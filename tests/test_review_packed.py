@@ -146,10 +146,6 @@ def test_a_forked_child_does_not_hand_out_its_parents_reserved_messages(
     assert parent_ids and not set(child_ids) & set(parent_ids), "handed out twice"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "drain() (and so process_topic's tasks) never gives held segments back: the rest "
-    "of the segment waits a visibility timeout, its reserved deliveries counted"
-))
 def test_drain_gives_its_segments_back_as_listen_does() -> None:
     """drain() (what process_topic runs in each Spark task) stops at max_messages with
     deliveries reserved ahead in its segment's lease. listen() and close() give such
@@ -168,10 +164,6 @@ def test_drain_gives_its_segments_back_as_listen_does() -> None:
     assert [m.delivery_count for m in rest] == [1] * 15
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "deliveries reserved by a drain that is not given back count: messages no handler"
-    " ever saw are dead-lettered at max_delivery_count"
-))
 def test_repeated_drains_never_dead_letter_messages_every_handler_acked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -307,17 +307,17 @@ class Consumer:
         with self._lock:
             self._listeners.add(listener)
         try:
-            listener.run()
+            listener.run()  # ends with give_back()
         finally:
             with self._lock:
                 self._listeners.discard(listener)
-            self.give_back()
 
     def give_back(self) -> None:
         """Give back the segments of packed topics we hold with no message out
         (``released``, their progress kept), so other consumers take them at once
         rather than after a visibility timeout. :meth:`close` and the end of
-        :meth:`listen` do it; a segment with messages out stays ours."""
+        :meth:`listen` and of :func:`~pawn_queue_sync.drain` (any listener) do it; a
+        segment with messages out stays ours."""
         try:
             self._packed.give_back()
         except StorageError as exc:  # they go stale instead

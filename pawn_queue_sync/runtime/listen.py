@@ -38,7 +38,8 @@ Stopping (:meth:`Listener.stop`, the ``stop_event``, or a signal when asked to i
 handlers) follows dramatiq's order: no new claims; unstarted messages are released at
 once; running handlers get ``shutdown_timeout_seconds`` to finish while their leases
 are still renewed; pending acks are flushed and pending retries recorded; the
-refresher stops last; every thread is joined.
+refresher stops last; every thread is joined; then the consumer gives back the
+segments of packed topics it holds with no message out (``consumer.give_back()``).
 """
 
 from __future__ import annotations
@@ -278,6 +279,10 @@ class Listener:
         self._settler.close()
         self._pool.shutdown(wait=not (not_done or abandoned))
         self._refresher.stop()  # last: leases stay renewed until everything is settled
+        # segments of packed topics held with no message out go back now (their
+        # reserved deliveries taken back), not after a visibility timeout: for listen(),
+        # drain() (process_topic's tasks) and workers alike
+        self._consumer.give_back()
         st = self.stats
         log.info(
             "listener %s stopped: %d processed, %d failed, %d dead-lettered, %d lost, "

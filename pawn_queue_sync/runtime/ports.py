@@ -90,6 +90,9 @@ class ConsumerPort(Protocol):
     def nack(self, msg: Any, reason: str | None = None) -> None: ...
     def ack_many(self, msgs: Iterable[Any]) -> None: ...
     def lease_age(self, msg: Any) -> float: ...
+    def give_back(self) -> None:
+        """Give back held segments of packed topics with no message out (never raises
+        a store error: they go stale instead)."""
 
 
 #: A message handler: called with each message; returning acks it, raising retries it.
