@@ -222,12 +222,6 @@ assert SegmentLease.decode(lease.encode()).progress == p
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Progress.from_json normalises runs one paint per run over all runs so far "
-    "(superquadratic: 1,000 runs 1 s, 4,000 runs 25 s): a lease of a large segment acked "
-    "out of order takes minutes to read (takeovers, every rival poll's probe, "
-    "topic_stats, Spark reads)"
-))
 def test_a_fragmented_segment_lease_is_read_in_reasonable_time() -> None:
     """A lease whose progress has 8,000 settled runs (every other message of a 16,000
     message segment acked) must decode in seconds, not minutes: run in a child

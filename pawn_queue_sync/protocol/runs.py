@@ -53,19 +53,27 @@ def paint(
         k = bisect.bisect_right(range_starts, a) - 1
         if k >= 0 and ranges[k][0] <= a < ranges[k][1]:
             value = fn(value)
-        if value == 0:
-            continue
-        if out and out[-1][1] == a and out[-1][2] == value:
-            out[-1] = (out[-1][0], b, value)
-        else:
-            out.append((a, b, value))
+        _extend(out, a, b, value)
     return tuple(out)
+
+
+def _extend(out: list[Run], a: int, b: int, value: int) -> None:
+    """Append the run ``[a, b)`` of ``value`` to sorted ``out``: merged into the last
+    run when adjacent and equal, dropped when 0."""
+    if value == 0:
+        return
+    if out and out[-1][1] == a and out[-1][2] == value:
+        out[-1] = (out[-1][0], b, value)
+    else:
+        out.append((a, b, value))
 
 
 def normal(runs: Iterable[Sequence[Any]], width: int, what: str) -> tuple[Run, ...]:
     """Validated runs from JSON (``[start, stop]`` or ``[start, stop, n]``), normalised;
-    overlapping runs add up. SegmentError names what is wrong."""
-    painted: tuple[Run, ...] = ()
+    overlapping runs add up (``[start, stop]`` ones: their union, value 1). One sweep
+    over their ends, O(runs log runs) (a lease may hold thousands of runs: painting
+    them one at a time was superquadratic). SegmentError names what is wrong."""
+    deltas: dict[int, int] = {}
     for run in runs:
         if (not isinstance(run, list) or len(run) != width
                 or any(isinstance(x, bool) or not isinstance(x, int) for x in run)):
@@ -74,9 +82,15 @@ def normal(runs: Iterable[Sequence[Any]], width: int, what: str) -> tuple[Run, .
         n = run[2] if width == 3 else 1
         if not 0 <= a < b or n < 1:
             raise SegmentError(f"progress.{what}: {run!r} is not a valid run")
-        add = n if width == 3 else 0
-        painted = paint(painted, [(a, b)], (lambda v, add=add: v + add) if add else one)
-    return painted
+        deltas[a] = deltas.get(a, 0) + n
+        deltas[b] = deltas.get(b, 0) - n
+    out: list[Run] = []
+    total = 0
+    points = sorted(deltas)
+    for a, b in itertools.pairwise(points):
+        total += deltas[a]
+        _extend(out, a, b, total if width == 3 else min(total, 1))
+    return tuple(out)
 
 
 def one(_value: int) -> int:

@@ -76,16 +76,24 @@ class Progress:
     settled: tuple[tuple[int, int], ...] = ()
     deliveries: tuple[_runs.Run, ...] = ()
     errors: tuple[tuple[int, str], ...] = ()
+    #: derived: the starts of ``settled`` and of ``deliveries`` (bisect keys), so a
+    #: query costs O(log runs), not O(runs) (a lease may hold thousands of runs)
+    _settled_starts: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
+    _delivery_starts: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_settled_starts", tuple(a for a, _ in self.settled))
+        object.__setattr__(self, "_delivery_starts", tuple(a for a, _, _ in self.deliveries))
 
     # -- queries --------------------------------------------------------------------------
 
     def is_settled(self, i: int) -> bool:
-        k = bisect.bisect_right([a for a, _ in self.settled], i) - 1
+        k = bisect.bisect_right(self._settled_starts, i) - 1
         return k >= 0 and self.settled[k][0] <= i < self.settled[k][1]
 
     def deliveries_of(self, i: int) -> int:
         """Deliveries started of message ``i``."""
-        return _runs.value_at(self.deliveries, [a for a, _, _ in self.deliveries], i)
+        return _runs.value_at(self.deliveries, self._delivery_starts, i)
 
     def error_of(self, i: int) -> str | None:
         return dict(self.errors).get(i)
