@@ -264,12 +264,6 @@ assert [m.payload for m in got] == ["fine"], got
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a takeover lists every unsettled index of the segment (Progress.unsettled() over "
-    "the key's count, up to 999,999,999) before taking the poll's few: a corrupt key "
-    "whose claimer died before reading it makes every poll raise MemoryError (or "
-    "exhaust the machine's memory)"
-))
 def test_taking_over_a_lease_of_a_segment_key_with_a_huge_count_never_breaks_a_poll(
 ) -> None:
     """A corrupt object named as a segment of 999,999,999 messages, claimed by a

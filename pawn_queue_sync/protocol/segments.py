@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import json
 import random
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -98,20 +99,27 @@ class Progress:
     def error_of(self, i: int) -> str | None:
         return dict(self.errors).get(i)
 
-    def unsettled(self, count: int | None = None) -> list[int]:
-        """Indexes in ``range(count)`` (default :attr:`count`) not settled, in order."""
+    def unsettled(self, count: int | None = None, limit: int | None = None) -> list[int]:
+        """Indexes in ``range(count)`` (default :attr:`count`) not settled, in order; the
+        first ``limit`` of them only, if given (a count comes from a segment's key and
+        may be huge before the segment is read: a takeover asks for a poll's few)."""
         n = self.count if count is None else count
         if n is None:
             return []
-        out: list[int] = []
+        return list(itertools.islice(self._unsettled(n), limit))
+
+    def _unsettled(self, n: int) -> Iterator[int]:
         at = 0
         for a, b in self.settled:
             if a >= n:
                 break
-            out.extend(range(at, a))
+            yield from range(at, a)
             at = max(at, b)
-        out.extend(range(at, n))
-        return out
+        yield from range(at, n)
+
+    def settled_count(self, count: int) -> int:
+        """How many indexes in ``range(count)`` are settled (from the runs alone)."""
+        return sum(min(b, count) - a for a, b in self.settled if a < count)
 
     @property
     def complete(self) -> bool:

@@ -259,7 +259,7 @@ def _claim(
         progress = old.progress
         if progress.count != candidate.count:  # the key's count, checked on reading:
             progress = progress.with_count(candidate.count)  # never trust the lease's
-        progress, handed, exhausted = progress.hand_out(progress.unsettled()[:size], most)
+        progress, handed, exhausted = progress.hand_out(progress.unsettled(limit=size), most)
         lease = old.rewritten(ctx.clock.now(), ctx.visibility, progress,
                               consumer_id=claimant.id)
         started = ctx.clock.monotonic()

@@ -71,5 +71,5 @@ def _settled(ctx: Context, topic: str, lease_keys: Iterable[str],
         except SegmentError as exc:
             log.warning("topic_stats(%r): unreadable segment lease %s: %s", topic, key, exc)
             continue
-        total += count - len(lease.progress.unsettled(count))
+        total += lease.progress.settled_count(count)
     return total
