@@ -23,6 +23,7 @@ from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, layout, pac
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.protocol.lease import Capabilities
 from pawn_queue_sync.protocol.segments import SegmentLease
+from pawn_queue_sync.queue import held
 from pawn_queue_sync.queue.held import HeldSegment
 from pawn_queue_sync.queue.message import Message
 from pawn_queue_sync.storage.memory import MemoryStore
@@ -576,6 +577,29 @@ def test_a_poll_takes_as_many_small_segments_as_it_wants() -> None:
     third = c.poll(20)  # the held one's last two, then the next segment
     assert [m.payload for m in third] == list(range(20, 32))
     c.ack_many(first + second + third)
+    assert leftovers(pq) == []
+
+
+def test_a_busy_consumer_claims_small_segments_reserved_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Polls following each other reserve more (doubling, as a held segment's
+    reservations): the claims of one poll spread that reservation over several small
+    segments (up to polling.max_segments_held), so later polls hand their messages out
+    with no lease write besides the claims. Each claim reserved only the poll's want
+    before: a second write per segment, 24 for 12 segments."""
+    monkeypatch.setattr(held, "_RESERVE_GROWS_WITHIN_S", 3600.0)  # however slow the machine
+    pq, faults = faulty_queue(max_segments_held=4)
+    publish_segments(pq, list(range(48)), 4)
+    c = pq.register_consumer("c", [TOPIC])
+    got: list[Message] = []
+    for _ in range(24):
+        got.extend(c.poll(2))
+    assert [m.payload for m in got] == list(range(48))
+    assert [m.delivery_count for m in got] == [1] * 48
+    assert faults.writes == 13  # the 12 claims, and the first segment's second half
+    assert c.poll(2) == []
+    c.ack_many(got)
     assert leftovers(pq) == []
 
 

@@ -249,9 +249,7 @@ class HeldSegment:
         """How many deliveries to count ahead: ``n``, doubling (up to RESERVE_MAX) while
         reservations follow each other within a second."""
         now = self.claimant.ctx.clock.monotonic()
-        size = n
-        if now - self._reserved_at < _RESERVE_GROWS_WITHIN_S:
-            size = max(n, min(2 * self._reserve_size, RESERVE_MAX))
+        size = reservation(n, self._reserve_size, now - self._reserved_at)
         self._reserve_size, self._reserved_at = size, now
         return size
 
@@ -396,6 +394,14 @@ class HeldSegment:
         self.pending = []
 
 
+def reservation(n: int, last: int, since: float) -> int:
+    """How many deliveries a hand-out counts ahead: ``n``, or twice the ``last``
+    reservation (up to RESERVE_MAX) when that was made ``since`` < a second ago."""
+    if since < _RESERVE_GROWS_WITHIN_S:
+        return max(n, min(2 * last, RESERVE_MAX))
+    return n
+
+
 def _same(progress: Progress) -> Progress:
     return progress
 
@@ -422,4 +428,4 @@ def _reset_locks_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_locks_after_fork)
 
-__all__ = ["RESERVE_MAX", "HeldSegment", "renew_locks_after_fork"]
+__all__ = ["RESERVE_MAX", "HeldSegment", "renew_locks_after_fork", "reservation"]

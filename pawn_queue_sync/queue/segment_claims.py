@@ -23,7 +23,7 @@ from ..protocol.segments import Progress, SegmentLease
 from ..storage.base import ObjectInfo
 from . import claims, planning
 from .claimant import Claimant
-from .held import HeldSegment, renew_locks_after_fork
+from .held import HeldSegment, renew_locks_after_fork, reservation
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ class PackedState:
     #: when (monotonic) the topic's single messages were last polled, and what it found
     singles_at: float = float("-inf")
     singles_found: bool = True
+    #: deliveries our last claims reserved in all, and when (monotonic)
+    reserve_size: int = 0
+    reserved_at: float = float("-inf")
     #: polls of this topic run one at a time
     lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
 
@@ -80,14 +83,25 @@ def claim_segments(
     peers: Callable[[], tuple[int, int]],
 ) -> list[HeldSegment]:
     """Claim up to ``slots`` segments of ``topic``, enough for ``want`` messages, each
-    with its first hand-out recorded. Raises the first store error when every claim
-    tried failed on one (rather than look like an empty topic)."""
+    with its first hand-out recorded: the claims of one poll reserve ``want``
+    deliveries in all, doubling while claims follow within a second (as a held
+    segment's reservations, up to RESERVE_MAX), so a busy listener takes several small
+    segments per listing and hands their messages out without a write of its own.
+    Raises the first store error when every claim tried failed on one (rather than
+    look like an empty topic)."""
     found = _candidates(claimant, state, topic, slots, want)
     if not found:
         return []
-    chosen = _choose(claimant, state, found, slots, want, peers)
-    size = max(1, want)
-    outcomes = claimant.in_parallel(lambda c: _claim_safely(claimant, topic, c, size), chosen)
+    now = claimant.ctx.clock.monotonic()
+    target = reservation(max(1, want), state.reserve_size, now - state.reserved_at)
+    state.reserve_size, state.reserved_at = target, now
+    chosen = _choose(claimant, state, found, slots, want, target, peers)
+    sizes, left = [], target
+    for candidate in chosen:  # the reservation spread over them, oldest first
+        sizes.append(max(1, min(candidate.count, left)))
+        left -= sizes[-1]
+    outcomes = claimant.in_parallel(lambda c: _claim_safely(claimant, topic, *c),
+                                    list(zip(chosen, sizes, strict=True)))
     errors = [o for o in outcomes if isinstance(o, StorageError)]
     got = [o for o in outcomes if isinstance(o, HeldSegment)]
     state.contended = state.contended or len(got) < len(chosen)
@@ -199,17 +213,17 @@ def _given_back(
 
 def _choose(
     claimant: Claimant, state: PackedState, found: list[Candidate], slots: int, want: int,
-    peers: Callable[[], tuple[int, int]],
+    target: int, peers: Callable[[], tuple[int, int]],
 ) -> list[Candidate]:
-    """The segments to claim: as few as hold ``want`` messages, the oldest, with at
-    most ``slots`` of them left with messages to hand out (a segment the poll hands
-    out whole takes no slot: small segments are claimed as many at a time as single
-    messages are); with rivals about (or other consumers registered) at random among
-    the oldest CONTENDED_WINDOW times as many, so consumers polling together rarely
-    race for one segment."""
+    """The segments to claim: as few as hold ``target`` (>= ``want``) messages, the
+    oldest, with at most ``slots`` of them left with messages to hand out after this
+    poll's ``want`` (a segment the poll hands out whole takes no slot: small segments
+    are claimed as many at a time as single messages are); with rivals about (or other
+    consumers registered) at random among the oldest CONTENDED_WINDOW times as many, so
+    consumers polling together rarely race for one segment."""
     k, total, busy = 0, 0, 0
     for candidate in found:
-        if busy >= slots or total >= want:
+        if busy >= slots or total >= target:
             break
         k += 1
         busy += total + candidate.count > want
