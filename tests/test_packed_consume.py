@@ -603,6 +603,42 @@ def test_a_busy_consumer_claims_small_segments_reserved_whole(
     assert leftovers(pq) == []
 
 
+def test_a_consumer_alone_reuses_its_lease_listing_and_loses_only_a_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer alone on a topic judges segments by its last listing of their leases
+    for up to a second (one LIST a claim round, not two). A rival it has not heard of
+    yet (registered after it last read the registry) takes a segment meanwhile: the
+    lone consumer's claim of it fails (a conditional write), nothing is delivered
+    twice, and its next round lists the leases again."""
+    monkeypatch.setattr(held, "_RESERVE_GROWS_WITHIN_S", 3600.0)
+    pq, _ = faulty_queue()
+    publish_segments(pq, list(range(6)), 2)
+    listings: Counter[str] = Counter()
+    listed = pq.store.list
+
+    def counted(prefix: str, **kw: Any) -> Any:
+        listings[prefix] += 1
+        return listed(prefix, **kw)
+
+    monkeypatch.setattr(pq.store, "list", counted)
+    lease_lists = layout.segment_leases_prefix(TOPIC)
+    a = pq.register_consumer("a", [TOPIC])
+    first = a.poll(2)  # the first segment; registry read: a is alone
+    b = pq.register_consumer("b", [TOPIC])
+    theirs = b.poll(2)  # b knows of a: lists the leases, takes one of the two left
+    before = listings[lease_lists]
+    second = a.poll(4)  # reuses its listing: claims both, wins one
+    assert listings[lease_lists] == before
+    assert len(second) == 2
+    got = [m.payload for m in first + second + theirs]
+    assert sorted(got) == list(range(6))  # each message once
+    assert a.poll(2) == [] and listings[lease_lists] == before + 1  # contended: lists
+    a.ack_many(first + second)
+    b.ack_many(theirs)
+    assert leftovers(pq) == []
+
+
 def test_what_the_producer_publishes_is_consumed_once(site: Site) -> None:
     """publish() from threads (group-committed into segments) and publish_batch."""
     pq = site.queue()

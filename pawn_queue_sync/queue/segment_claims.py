@@ -20,7 +20,7 @@ from ..protocol import lease as leases
 from ..protocol import segments
 from ..protocol.effects import run
 from ..protocol.segments import Progress, SegmentLease
-from ..storage.base import ObjectInfo
+from ..storage.base import Listing, ObjectInfo
 from . import claims, planning
 from .claimant import Claimant
 from .held import HeldSegment, renew_locks_after_fork, reservation
@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 _PROBES_PER_POLL = 2
 #: Stale leases of gone segments one poll removes at most.
 _REAP_PER_POLL = 50
+#: How long a consumer alone on a topic (no rival met, no other registered) goes on
+#: judging segments by its last listing of their leases: its claims are conditional
+#: writes, so a lease it did not see costs a lost claim, never a second holder.
+_LEASES_REUSED_S = 1.0
 
 
 @attrs.define(eq=False)
@@ -51,6 +55,9 @@ class PackedState:
     #: when (monotonic) the topic's single messages were last polled, and what it found
     singles_at: float = float("-inf")
     singles_found: bool = True
+    #: our last listing of the segment leases, and when (monotonic)
+    leases: Listing | None = None
+    leases_at: float = float("-inf")
     #: deliveries our last claims reserved in all, and when (monotonic)
     reserve_size: int = 0
     reserved_at: float = float("-inf")
@@ -89,7 +96,8 @@ def claim_segments(
     segments per listing and hands their messages out without a write of its own.
     Raises the first store error when every claim tried failed on one (rather than
     look like an empty topic)."""
-    found = _candidates(claimant, state, topic, slots, want)
+    alone = not state.contended and peers()[1] <= 1
+    found = _candidates(claimant, state, topic, slots, want, alone)
     if not found:
         return []
     now = claimant.ctx.clock.monotonic()
@@ -111,28 +119,35 @@ def claim_segments(
 
 
 def _candidates(
-    claimant: Claimant, state: PackedState, topic: str, slots: int, want: int
+    claimant: Claimant, state: PackedState, topic: str, slots: int, want: int, alone: bool
 ) -> list[Candidate]:
     """The segments a poll may take, oldest first: free ones, ones whose lease is
     stale by the server's clock, ones seen given back. Listings: the leases first
     when busy (so a segment missing from the later segment listing is gone for good:
     its stale lease is removed); an idle poll lists segments first (an empty topic
-    costs one request)."""
+    costs one request). A consumer ``alone`` on the topic reuses its last listing of
+    the leases for up to _LEASES_REUSED_S (no reaping from it)."""
     ctx = claimant.ctx
     store = ctx.store
     ours = {s.segment_id for s in state.held}
     width = planning.window(max(slots, want), len(state.held), state.contended)
     limit = planning.listing_limit(width, len(state.held) + len(state.busy))
-    if state.idle and not state.held:
+    now_mono = ctx.clock.monotonic()
+    reused = (state.leases if alone and now_mono - state.leases_at < _LEASES_REUSED_S
+              else None)
+    if state.idle or reused is not None:
         listing = store.list(layout.segments_prefix(topic), limit=limit)
         if not listing.objects:
+            state.idle = True
             return []
-        lease_listing = store.list(layout.segment_leases_prefix(topic))
+        lease_listing = reused or store.list(layout.segment_leases_prefix(topic))
         reap_ok = False
     else:
         lease_listing = store.list(layout.segment_leases_prefix(topic))
         listing = store.list(layout.segments_prefix(topic), limit=limit)
         reap_ok = not listing.truncated
+    if reused is None:
+        state.leases, state.leases_at = lease_listing, now_mono
     state.idle = not listing.objects
     now = lease_listing.server_time or store.server_time()
     on: dict[str, ObjectInfo] = {}
