@@ -109,6 +109,17 @@ def test_bad_values(data: dict[str, Any], field: str) -> None:
     assert str(info.value).startswith(f"{field}: ")
 
 
+def test_the_default_segment_limit_follows_a_larger_payload_limit() -> None:
+    """A configuration that raised max_payload_bytes to 8 MiB or more (plain topics) is
+    still accepted: the default max_segment_bytes grows to fit one such message (it was
+    refused over a packed-only setting the user never set)."""
+    for payload in (8 * 2**20, 16 * 2**20):
+        cfg = load_config({"publishing": {"max_payload_bytes": payload}}, env={})
+        assert cfg.publishing.max_segment_bytes == payload + 4096
+    small = load_config({"publishing": {"max_payload_bytes": 1000}}, env={})
+    assert small.publishing.max_segment_bytes == 8 * 2**20
+
+
 def test_segment_limits_take_their_bounds() -> None:
     """The packed-topic limits accept their bounds (the bad values above are one past)."""
     cfg = load_config(

@@ -210,6 +210,11 @@ def test_cli_creates_packed_topics(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "a: created (packed)" in out and "b: created (packed)" in out
     assert "c: created" in out and "c: created (packed)" not in out
+    # an existing plain topic made packed says so; an already packed one says it exists
+    assert main(["--config", str(cfg), "topics", "--create", "d"]) == 0
+    assert main(["--config", str(cfg), "topics", "--create", "d", "a", "--packed"]) == 0
+    out = capsys.readouterr().out
+    assert "d: exists, switched to packed" in out and "a: exists (packed)" in out
     assert main(["--config", str(cfg), "topics", "--packed"]) == 2
     assert "--packed goes with --create" in capsys.readouterr().err
     with PawnQueue(load_config({"local": {"path": str(tmp_path / "store")}}, env={})) as pq:

@@ -19,8 +19,12 @@ def cmd_topics(args: argparse.Namespace) -> int:
     with open_queue(args) as pq:
         if args.create:
             for t in args.create:
+                switching = args.packed and pq.topic_exists(t) and not pq.context.topic_packed(t)
                 created = pq.create_topic(t, packed=args.packed)
-                emit(f"{t}: {'created' if created else 'exists'}{kind}")
+                if switching:  # a plain topic made packed: say so, not "exists"
+                    emit(f"{t}: exists, switched to packed")
+                else:
+                    emit(f"{t}: {'created' if created else 'exists'}{kind}")
             return EXIT_OK
         for t in pq.list_topics():
             if args.stats:
@@ -45,7 +49,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``topics`` to ``pawnq``'s subcommands."""
     topics = sub.add_parser("topics", parents=[common], help="list topics (or create them)")
-    topics.add_argument("--create", nargs="+", metavar="TOPIC")
+    topics.add_argument("--create", nargs="+", metavar="TOPIC",
+                        help="create these topics (those that exist are left as they are, "
+                             "except that --packed switches a plain one to packed)")
     topics.add_argument("--packed", action="store_true",
                         help="with --create: packed topics (many messages per object; "
                              "pawn-queue 0.1.x consumers do not see them)")

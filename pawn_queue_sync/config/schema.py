@@ -177,7 +177,8 @@ class PollingConfig:
     )
     max_segments_held: int = v.int_field(
         4,
-        "Packed topics: segments a consumer holds per topic at most.",
+        "Packed topics: segments with messages still to hand out that a consumer holds per "
+        "topic at most (a segment whose messages are all out does not count).",
         env="PAWNQUEUE_POLLING_MAX_SEGMENTS_HELD",
     )
 
@@ -285,6 +286,8 @@ class RegistryConfig:
 
 #: Room left in a segment for its header line beside one largest message.
 SEGMENT_HEADER_ROOM = 4096
+#: publishing.max_segment_bytes by default (grown to fit the largest accepted message).
+DEFAULT_SEGMENT_BYTES = 8388608
 
 
 @attrs.frozen(kw_only=True)
@@ -308,8 +311,9 @@ class PublishingConfig:
         env="PAWNQUEUE_PUBLISHING_MAX_SEGMENT_MESSAGES",
     )
     max_segment_bytes: int = v.int_field(
-        8388608,
-        "Packed topics: largest segment object in bytes; at least max_payload_bytes + 4096.",
+        DEFAULT_SEGMENT_BYTES,
+        "Packed topics: largest segment object in bytes; at least max_payload_bytes + 4096 "
+        "(the default grows to that).",
         env="PAWNQUEUE_PUBLISHING_MAX_SEGMENT_BYTES",
     )
     linger_ms: int = v.int_field(
@@ -323,7 +327,11 @@ class PublishingConfig:
 
     def __attrs_post_init__(self) -> None:
         least = self.max_payload_bytes + SEGMENT_HEADER_ROOM
-        if self.max_segment_bytes < least:
+        if self.max_segment_bytes == DEFAULT_SEGMENT_BYTES < least:
+            # A plain-topic setup that raised max_payload_bytes past 8 MiB keeps working:
+            # the default segment limit follows it (frozen: set once, here).
+            object.__setattr__(self, "max_segment_bytes", least)
+        elif self.max_segment_bytes < least:
             raise ConfigError(
                 "publishing.max_segment_bytes",
                 f"must be >= publishing.max_payload_bytes + {SEGMENT_HEADER_ROOM} ({least}), "
