@@ -75,8 +75,9 @@ def drain(
     ``polling.max_delivery_count``, then dead-lettered; a pending retry is recorded at
     once when the drain ends. Before returning, pending acks are flushed, the lease
     refresher is stopped and joined, and the segments of packed topics held with no
-    message out are given back (their reserved deliveries not counted). A handler still running after the listener's
-    shutdown timeout (30 s), or already past ``handler_timeout_seconds``, is left
+    message out are given back (their reserved deliveries not counted). A handler
+    still running after the listener's shutdown timeout (30 s), or already past
+    ``handler_timeout_seconds``, is left
     running (its lease will expire, so the message is redelivered): handlers must
     finish.
 
