@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pawn_queue_sync import PawnQueue
+from pawn_queue_sync.errors import LeaseLostError
 from pawn_queue_sync.protocol.segments import Progress
 from tests.forking import in_child
 from tests.servers import deep_merge
@@ -89,18 +90,16 @@ def test_overlapping_runs_decode_as_their_union_and_sum(
     assert p.settled_count(50) == sum(p.is_settled(i) for i in range(50))
 
 
-@pytest.mark.xfail(strict=True, reason="a forked child's settlement of a pre-fork message "
-                   "rewrites the parent's segment lease with the parent's token: the parent "
-                   "loses the lease (LeaseLostError, its messages out redelivered)")
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_a_forked_childs_ack_of_a_pre_fork_message_keeps_the_parents_lease(
     real_s3_config: dict[str, Any], strategy: str
 ) -> None:
-    """docs/guarantees.md: a message the parent had handed out before the fork can
-    still be settled in the child. The child's copy of the held segment writes the
-    lease with the parent's token: the lease's ETag changes under the parent, whose
-    next settlement of its own message then fails with LeaseLostError (every message
-    of the segment it still has out is lost and redelivered later)."""
+    """A forked child's copy of a held segment wrote the lease with the parent's token
+    when it settled a pre-fork message: the lease's ETag changed under the parent,
+    whose next settlement then failed with LeaseLostError (every message of the
+    segment it still had out lost and redelivered later). Now the segment is the
+    parent's alone (docs/guarantees.md): the child's settlement raises LeaseLostError
+    and writes nothing, and the parent settles all four."""
     config = deep_merge(real_s3_config, {**STRATEGIES[strategy],
                                          "polling": {"interval_seconds": 0.1}})
     with PawnQueue.from_config(config) as pq:
@@ -111,10 +110,13 @@ def test_a_forked_childs_ack_of_a_pre_fork_message_keeps_the_parents_lease(
         assert [m.payload for m in msgs] == [0, 1, 2, 3]
 
         def child() -> int:
-            c.ack(msgs[0])  # a pre-fork message, settled in the child
-            return 0
+            try:
+                c.ack(msgs[0])  # a pre-fork message: the parent's segment, not ours
+            except LeaseLostError:
+                return 0
+            return 1
 
         assert in_child(child) == 0
-        c.ack(msgs[1])  # the parent's own message: LeaseLostError with the defect
-        c.ack(msgs[2])
-        c.ack(msgs[3])
+        for m in msgs:  # the parent's lease is untouched: it settles every one
+            c.ack(m)
+        assert pq.topic_stats(TOPIC)["segments"] == 0

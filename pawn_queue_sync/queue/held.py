@@ -383,15 +383,21 @@ class HeldSegment:
         self.claimant.drop_lease(self.lease_key, self.token)
 
     def _after_fork(self) -> None:
-        """In a forked child: fresh locks, and nothing more to hand out. The lease and
-        the deliveries it reserved are the parent's, which goes on handing them out:
-        a child handing them out too would deliver them twice under one lease. (A
-        message the parent had handed out before the fork may still be settled in the
-        child, as on plain topics.)"""
+        """In a forked child: fresh locks, and the segment is not ours. Its lease and
+        the deliveries it reserved are the parent's, which goes on handing them out
+        and settling them: a child handing them out too would deliver them twice under
+        one lease, and a child writing the lease with the parent's token would take it
+        from the parent (whose other messages out would then be redelivered). So the
+        child's copies of its messages out are ``lost`` (settling one raises
+        LeaseLostError and writes nothing; the parent settles it, or it is delivered
+        again once the parent's lease ends)."""
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.reserved.clear()
         self.pending = []
+        self.lost = True
+        for msg in self.out.values():
+            msg.state = "lost"
 
 
 def reservation(n: int, last: int, since: float) -> int:
