@@ -109,8 +109,22 @@ def runtime_threads() -> list[str]:
     ]
 
 
+#: threads alive when the running test started (another test's leftovers in the same
+#: xdist worker are not this test's: a queue a test did not close keeps its pool's
+#: threads until it is collected)
+_BEFORE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before() -> None:
+    _BEFORE.clear()
+    _BEFORE.update(threading.enumerate())
+
+
 def all_pawnq_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("pawnq-")]
+    """Our threads started during this test and still alive."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("pawnq-") and t not in _BEFORE]
 
 
 class Recorder:
