@@ -6,12 +6,16 @@ from __future__ import annotations
 import threading
 
 from pawn_queue_sync import Message
+from pawn_queue_sync.clock import SYSTEM_CLOCK
 from pawn_queue_sync.testing import memory_queue
 from tests.threads import DEADLINE, join, run_in_thread, wait_until
 
 
 def test_close_stops_every_listener_of_the_consumer_and_forgets_them() -> None:
-    with memory_queue(topics=["t"]) as pq:
+    # The real clock: close() must return True once both listeners finished, which no
+    # timeout decides; an auto FakeClock jumped its 90 s while the listeners' shutdown
+    # waited on threads (no clock call) on a loaded CI, and close() said False at once.
+    with memory_queue(topics=["t"], clock=SYSTEM_CLOCK) as pq:  # type: ignore[arg-type]
         pq.register_producer("p").publish_batch("t", [{"n": n} for n in range(4)])
         consumer = pq.register_consumer("c", ["t"])
         assert consumer.close(1.0) and consumer._listeners == set()  # none: nothing to do
