@@ -123,7 +123,7 @@ class FakeClock:
     """
 
     def __init__(self, start: datetime | None = None, *, auto: bool = False,
-                 quiet_seconds: float = 0.002, hold_seconds: float = 0.25,
+                 quiet_seconds: float = 0.01, hold_seconds: float = 1.0,
                  stall_warning_seconds: float = 10.0) -> None:
         self._lock = threading.Lock()
         self._t = 0.0
