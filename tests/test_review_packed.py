@@ -88,12 +88,7 @@ def test_a_stale_unreadable_segment_lease_never_breaks_a_poll(bad: str) -> None:
     neither is SegmentError, so every poll of the topic raises."""
     clock = JumpClock()
     pq, _ = faulty_queue(clock, **POLLING)
-    publish_segments(pq, ["a", "b"], 2)
-    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
-    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
-    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
-            else b"[" * 100_000 + b"]" * 100_000)
-    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    _segment_with_unreadable_lease(pq, bad)
     clock.jump(STALE)
     c = pq.register_consumer("c", [TOPIC])
     got = c.poll(10)
@@ -107,12 +102,7 @@ def test_topic_stats_survives_an_unreadable_segment_lease(bad: str) -> None:
     """topic_stats counts an unreadable segment lease as settling nothing (stats.py);
     these two raise ValueError / RecursionError instead."""
     pq, _ = faulty_queue()
-    publish_segments(pq, ["a", "b"], 2)
-    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
-    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
-    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
-            else b"[" * 100_000 + b"]" * 100_000)
-    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    _segment_with_unreadable_lease(pq, bad)
     assert pq.topic_stats(TOPIC)["pending"] == 2
 
 
@@ -194,12 +184,7 @@ def test_the_spark_reader_survives_an_unreadable_segment_lease(bad: str) -> None
     from pawn_queue_sync.spark.segments import segment_rows
 
     pq, _ = faulty_queue()
-    publish_segments(pq, ["a", "b"], 2)
-    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
-    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
-    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
-            else b"[" * 100_000 + b"]" * 100_000)
-    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    seg_key = _segment_with_unreadable_lease(pq, bad)
     rows = list(segment_rows(pq.store, TOPIC, seg_key, pq.store.get(seg_key).body))
     assert [r[4] for r in rows] == ['"a"', '"b"']
 
@@ -278,3 +263,16 @@ def test_taking_over_a_lease_of_a_segment_key_with_a_huge_count_never_breaks_a_p
     done = subprocess.run([sys.executable, "-c", _TAKE_OVER_HUGE_COUNT], timeout=120,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _segment_with_unreadable_lease(pq: Any, bad: str) -> str:
+    """Publish one 2-message segment and give it a lease body that cannot be read
+    (``digit``: an errors key '²'; ``deep``: nesting past the parser's limit); the
+    segment's key."""
+    publish_segments(pq, ["a", "b"], 2)
+    (seg_key,) = [o.key for o in pq.store.list(layout.segments_prefix(TOPIC)).objects]
+    sid, _ = layout.parse_segment_key(TOPIC, seg_key)
+    body = (_lease_body(pq, {"\u00b2": "boom"}) if bad == "digit"
+            else b"[" * 100_000 + b"]" * 100_000)
+    pq.store.put(layout.segment_lease_key(TOPIC, sid), body)
+    return seg_key
