@@ -1,0 +1,48 @@
+"""Scenario 1: many messages through a proxy that injects faults on every request kind.
+
+3 processes x 8 threads; 5 % errors (500 InternalError, 503 SlowDown, connection
+resets, read timeouts: a quarter each), 2 % answers dropped after the server applied
+the request, 1 % 2-second stalls (half on the request, half on the answer). Publishing
+runs under the same faults.
+"""
+
+from __future__ import annotations
+
+from benchmarks.chaos.harness import ChaosRun, ChaosSettings, ScenarioResult
+from tests.fault_proxy import FaultRule
+
+NAME = "faults"
+NUMBER = 1
+FULL_MESSAGES, QUICK_MESSAGES = 10_000, 200
+STALL_SECONDS = 2.0
+
+
+def rules(settings: ChaosSettings) -> list[FaultRule]:
+    """The fault mix, per request."""
+    hold = settings.read_timeout + 1.0  # past the client's read timeout
+    return [
+        FaultRule("error_500", 0.0125),
+        FaultRule("slowdown_503", 0.0125),
+        FaultRule("reset", 0.0125),
+        FaultRule("read_timeout", 0.0125, delay_seconds=hold),
+        FaultRule("drop_answer", 0.02),
+        FaultRule("delay_request", 0.005, delay_seconds=STALL_SECONDS),
+        FaultRule("delay_answer", 0.005, delay_seconds=STALL_SECONDS),
+    ]
+
+
+def run(settings: ChaosSettings) -> ScenarioResult:
+    n = settings.messages or (QUICK_MESSAGES if settings.quick else FULL_MESSAGES)
+    with ChaosRun(settings) as chaos:
+        assert chaos.proxy is not None
+        chaos.queue()  # probe before the faults (strategy auto)
+        chaos.proxy.set_rules(rules(settings))
+        chaos.start_pool()
+        chaos.proxy.arm()
+        ids = chaos.publish(n)
+        handled = chaos.wait_handled(chaos.published_ids(ids), timeout=max(180.0, n * 0.1))
+        chaos.proxy.disarm()
+        return chaos.finish(NAME, scenario=NUMBER, notes={
+            "messages": n, "handled_before_stop": handled,
+            "stalls": sum(1 for f in chaos.proxy.fault_log() if f.kind.startswith("delay_")),
+        })
