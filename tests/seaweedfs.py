@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -182,20 +183,22 @@ def _probe_s3(s3: Any) -> None:
     s3.delete_bucket(Bucket=bucket)
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """SIGTERM *proc*'s process group, wait up to *timeout* s, then SIGKILL it.
+def _terminate(proc: subprocess.Popen[bytes], timeout: float, *, graceful: bool = True) -> bool:
+    """SIGTERM *proc*'s process group, wait up to *timeout* s, then SIGKILL it
+    (``graceful=False``: SIGKILL at once).
 
     Returns whether SIGKILL was needed.
     """
     if proc.poll() is not None:
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-        return False
-    except subprocess.TimeoutExpired:
-        pass
+    if graceful:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
     # The group leader is still alive, so the group id is still ours to signal.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -300,6 +303,97 @@ def _wait_ready(proc: subprocess.Popen[bytes], endpoint: str, deadline: float) -
     return last_error
 
 
+@attrs.frozen
+class _Running:
+    """A ``weed mini`` that serves S3: its process, S3 port, data directory and log."""
+
+    proc: subprocess.Popen[bytes]
+    base: int
+    data_dir: Path
+    log_path: Path
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.base}"
+
+    def stop(self, timeout: float, *, graceful: bool = True) -> None:
+        """SIGTERM, SIGKILL after *timeout* s (``graceful=False``: at once); a SIGKILLed
+        server's gRPC sockets are removed."""
+        if _terminate(self.proc, timeout, graceful=graceful):
+            _remove_grpc_sockets(self.base)
+
+    def handle(self, stopper: Callable[[], None]) -> S3Server:
+        return S3Server(
+            "seaweedfs", self.endpoint_url, stopper, log_path=self.log_path, pid=self.proc.pid,
+            readonly=(READONLY_ACCESS_KEY, READONLY_SECRET_KEY), checks_signatures=True,
+        )
+
+
+def _launch(workdir: Path, data_dir: Path, base: int) -> _Running:
+    """Start ``weed mini`` for S3 port *base* on *data_dir* (its log appended to)."""
+    identities = _write_identities(workdir)
+    log_path = workdir / f"seaweedfs-{base}.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            _seaweedfs_command(weed_binary(), data_dir, workdir, base, identities),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=_child_env(workdir),
+            start_new_session=True,
+            preexec_fn=_pdeathsig_preexec(),  # only calls prctl(2)
+        )
+    return _Running(proc, base, data_dir, log_path)
+
+
+def _serving(running: _Running, deadline: float, stop_timeout: float) -> str | None:
+    """Wait until *running* serves S3 (None), or it exited (why, from its log); raises
+    ServerStartError when it is still up but not serving at *deadline*."""
+    try:
+        ready = _wait_ready(running.proc, running.endpoint_url, deadline)
+    except BaseException:
+        running.stop(stop_timeout)
+        raise
+    if ready is None:
+        return None
+    log_path = running.log_path
+    if running.proc.poll() is None:  # deadline passed, server still not serving
+        running.stop(stop_timeout)
+        raise ServerStartError(
+            f"SeaweedFS on {running.endpoint_url} not ready in time "
+            f"(last error: {ready!r}); log {log_path}:\n{_log_tail(log_path)}"
+        )
+    return (
+        f"P={running.base}: exited with {running.proc.returncode}; "
+        f"log {log_path}:\n{_log_tail(log_path, 5)}"
+    )
+
+
+def _start_on_free_ports(
+    workdir: Path, ready_timeout: float, stop_timeout: float, attempts: int,
+    data_dir: Path | None = None,
+) -> _Running:
+    """Start ``weed mini`` on a free port block (another block if it exits during
+    startup, up to *attempts* times); data in *data_dir* (default: one per block)."""
+    weed_binary()  # fail early, and clearly, without the binary
+    workdir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + ready_timeout
+    failures: list[str] = []
+    for _ in range(attempts):
+        base = pick_seaweedfs_base_port()
+        data = data_dir or workdir / f"data-{base}"
+        data.mkdir(exist_ok=data_dir is not None)
+        running = _launch(workdir, data, base)
+        failure = _serving(running, deadline, stop_timeout)
+        if failure is None:
+            return running
+        failures.append(failure)
+        if time.monotonic() >= deadline:
+            break
+    raise ServerStartError("SeaweedFS failed to start:\n" + "\n".join(failures))
+
+
 def start_seaweedfs(
     workdir: Path,
     *,
@@ -312,56 +406,108 @@ def start_seaweedfs(
     Ports are picked at random; if the server exits during startup (typically a port
     taken in the meantime) it is retried on another block, up to *attempts* times.
     """
-    weed = weed_binary()
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + ready_timeout
-    preexec = _pdeathsig_preexec()
-    failures: list[str] = []
-    identities = _write_identities(workdir)
-    for _ in range(attempts):
-        base = pick_seaweedfs_base_port()
-        data_dir = workdir / f"data-{base}"
-        data_dir.mkdir()
-        log_path = workdir / f"seaweedfs-{base}.log"
-        endpoint = f"http://127.0.0.1:{base}"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                _seaweedfs_command(weed, data_dir, workdir, base, identities),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-                env=_child_env(workdir),
-                start_new_session=True,
-                preexec_fn=preexec,  # only calls prctl(2)
-            )
-        try:
-            ready = _wait_ready(proc, endpoint, deadline)
-        except BaseException:
-            if _terminate(proc, stop_timeout):
-                _remove_grpc_sockets(base)
-            raise
-        if ready is None:
+    running = _start_on_free_ports(Path(workdir), ready_timeout, stop_timeout, attempts)
+    return running.handle(lambda: running.stop(stop_timeout))
 
-            def stopper(proc: subprocess.Popen[bytes] = proc, base: int = base) -> None:
-                if _terminate(proc, stop_timeout):
-                    _remove_grpc_sockets(base)
 
-            return S3Server(
-                "seaweedfs", endpoint, stopper, log_path=log_path, pid=proc.pid,
-                readonly=(READONLY_ACCESS_KEY, READONLY_SECRET_KEY), checks_signatures=True,
-            )
-        if proc.poll() is None:  # deadline passed, server still not serving
-            if _terminate(proc, stop_timeout):
-                _remove_grpc_sockets(base)
-            raise ServerStartError(
-                f"SeaweedFS on {endpoint} not ready after {ready_timeout:g} s "
-                f"(last error: {ready!r}); log {log_path}:\n{_log_tail(log_path)}"
-            )
-        failures.append(
-            f"P={base}: exited with {proc.returncode}; log {log_path}:\n{_log_tail(log_path, 5)}"
+class RestartableSeaweedFS:
+    """A ``weed mini`` that can be stopped (gracefully or SIGKILL) and started again on
+    the same ports with the same data directory, for the chaos suite.
+
+    ``start()`` picks the ports (and returns the running server if it runs);
+    ``start_again()`` waits for the old ports to be free (a dying server may hold them
+    a moment) and never moves, so clients and proxies keep their endpoint. Both return
+    once a real S3 round trip works. Used as a context manager it starts on entry and
+    stops on exit.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        ready_timeout: float = SEAWEEDFS_READY_TIMEOUT,
+        stop_timeout: float = SEAWEEDFS_STOP_TIMEOUT,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.data_dir = self.workdir / "data"
+        self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
+        self._running: _Running | None = None
+        self._base: int | None = None
+        self._server: S3Server | None = None
+
+    def __repr__(self) -> str:
+        return f"RestartableSeaweedFS(workdir={str(self.workdir)!r}, base={self._base})"
+
+    @property
+    def endpoint_url(self) -> str:
+        if self._base is None:
+            raise RuntimeError("SeaweedFS was never started")
+        return f"http://127.0.0.1:{self._base}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs, else None."""
+        running = self._running
+        return running.proc.pid if running and running.proc.poll() is None else None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def start(self) -> S3Server:
+        """Start on free ports the first time; afterwards the same as ``start_again``."""
+        if self._server is not None and self.running:
+            return self._server
+        if self._base is not None:
+            return self.start_again()
+        running = _start_on_free_ports(
+            self.workdir, self.ready_timeout, self.stop_timeout, 5, data_dir=self.data_dir
         )
-        if time.monotonic() >= deadline:
-            break
-    raise ServerStartError("SeaweedFS failed to start:\n" + "\n".join(failures))
+        self._base = running.base
+        return self._serve(running)
+
+    def start_again(self) -> S3Server:
+        """Start on the same ports and data directory; retry while the ports are busy."""
+        if self._base is None:
+            raise RuntimeError("start() first: there are no ports to start again on")
+        if self.running:
+            raise RuntimeError(f"SeaweedFS is still running (pid {self.pid})")
+        deadline = time.monotonic() + self.ready_timeout
+        failures: list[str] = []
+        while True:
+            if all(_port_free(port) for port in _seaweedfs_ports(self._base)):
+                running = _launch(self.workdir, self.data_dir, self._base)
+                failure = _serving(running, deadline, self.stop_timeout)
+                if failure is None:
+                    return self._serve(running)
+                failures.append(failure)
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"SeaweedFS did not start again on {self.endpoint_url}:\n"
+                    + ("\n".join(failures[-3:]) or "its ports stayed busy")
+                )
+            time.sleep(0.2)  # a port still held by the old process or another one
+
+    def _serve(self, running: _Running) -> S3Server:
+        self._running = running
+        self._server = running.handle(self.stop)
+        return self._server
+
+    def stop(self, graceful: bool = True) -> None:
+        """SIGTERM and wait up to ``stop_timeout`` s, then SIGKILL; ``graceful=False``:
+        SIGKILL at once (data written so far stays in the data directory)."""
+        running, self._running = self._running, None
+        if running is not None:
+            running.stop(self.stop_timeout, graceful=graceful)
+
+    def close(self) -> None:
+        """Stop the server if it runs; the data directory is left."""
+        self.stop()
+
+    def __enter__(self) -> RestartableSeaweedFS:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,364 @@
+"""A fault-injecting S3 proxy on loopback, for the chaos suite (benchmarks/chaos) and
+the tests: seeded, bounded in count (``max_faults``) and time (``active_seconds``), with
+rules per operation and per key prefix.
+
+Faults (:class:`FaultRule` ``kind``):
+
+* ``delay_request`` / ``delay_answer``: hold the request before forwarding it, or the
+  server's answer before sending it back, ``delay_seconds`` each;
+* ``error_500`` / ``slowdown_503``: answer S3's XML ``InternalError`` / ``SlowDown``
+  without forwarding;
+* ``reset``: close the client's connection with an RST (``SO_LINGER`` 0), not forwarded;
+* ``read_timeout``: forward nothing, hold ``delay_seconds``, then close: the client's
+  read timeout fires first;
+* ``drop_answer``: forward (the server applies it), then close without answering: the
+  ambiguous case a client can't tell from a lost request.
+
+``racing_cas=True`` models a server whose conditional writes race (SeaweedFS issue
+8800): a PUT or DELETE carrying If-None-Match / If-Match waits up to ``overlap_wait``
+seconds (an event, not a sleep) for another request on the same key to be in flight,
+and while two overlap their condition headers are dropped and the requests signed
+again (the server checks signatures), so both succeed; a lone one keeps its headers.
+It is on from ``start()``, armed or not (the capability probe runs first thing).
+
+Forwarding keeps the client's Host header and signature (SeaweedFS checks SigV4 against
+the proxy's host:port). Each client connection (one thread of the threading server)
+keeps one keep-alive connection to the server, checked before reuse and opened again
+after an error. An unreachable server (a restart) is answered 503 ``ServiceUnavailable``
+(nothing was sent, so clients retry); a server that fails after the request went out
+closes the client's connection unanswered, as a crashing server would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import attrs
+
+from tests.proxy_wire import ClientConnection, Request, Server, UpstreamGone, resign
+from tests.servers import ACCESS_KEY, REGION, SECRET_KEY
+
+__all__ = ["FaultEvent", "FaultKind", "FaultProxy", "FaultRule"]
+
+FaultKind = Literal[
+    "error_500", "slowdown_503", "reset", "read_timeout", "drop_answer",
+    "delay_request", "delay_answer",
+]
+#: Faults that end a request (at most one per request); delays come on top of them.
+_TERMINAL = frozenset({"error_500", "slowdown_503", "reset", "read_timeout", "drop_answer"})
+_KINDS = _TERMINAL | {"delay_request", "delay_answer"}
+_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "HEAD"})
+#: S3's answers for the two error faults: status, reason, code, message.
+_ERRORS = {
+    "error_500": (500, "Internal Server Error", "InternalError",
+                  "We encountered an internal error. Please try again."),
+    "slowdown_503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+}
+_UNAVAILABLE = (503, "Service Unavailable", "ServiceUnavailable",
+                "The server is unreachable from the proxy. Please try again.")
+
+
+@attrs.frozen
+class FaultRule:
+    """Which requests get which fault, and how often (drawn from the proxy's seeded RNG)."""
+
+    kind: FaultKind = attrs.field(validator=attrs.validators.in_(_KINDS))
+    probability: float = attrs.field(validator=[attrs.validators.ge(0), attrs.validators.le(1)])
+    #: Empty: every method (GET PUT POST DELETE HEAD).
+    methods: frozenset[str] = attrs.field(
+        default=frozenset(), converter=frozenset,
+        validator=lambda _self, _attr, value: _check_methods(value),
+    )
+    #: Object-key prefix inside the bucket; a LIST matches on its ``?prefix=``.
+    prefix: str = ""
+    #: delay_*: the delay; read_timeout: how long to hold before closing unanswered.
+    delay_seconds: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    #: Only requests carrying If-None-Match / If-Match.
+    conditional_only: bool = False
+
+    def matches(self, method: str, key: str, conditional: bool) -> bool:
+        """Whether a request of ``method`` on ``key`` is subject to this rule."""
+        return (
+            (not self.methods or method in self.methods)
+            and key.startswith(self.prefix)
+            and (conditional or not self.conditional_only)
+        )
+
+
+@attrs.frozen
+class FaultEvent:
+    """One injected fault. ``t`` is ``time.monotonic()`` when it was decided (system-wide
+    on Linux, so comparable across processes); ``applied``: whether the server got and
+    applied the request (a 2xx answer), None when unknown (the server failed)."""
+
+    t: float
+    kind: str
+    method: str
+    key: str
+    delay_seconds: float
+    applied: bool | None
+
+
+class FaultProxy:
+    """The proxy: ``start()`` (or ``with``), ``arm()`` to begin injecting, ``disarm()``.
+
+    ``requests`` counts requests received; ``overlapped`` those that arrived while
+    another on the same key was in flight (counted with ``racing_cas`` only);
+    ``stripped`` those whose conditions were dropped.
+    """
+
+    #: Track requests in flight per key even when not racing (RacyProxy's honest mode).
+    _track_overlap = False
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        rules: Sequence[FaultRule] = (),
+        seed: int = 0,
+        max_faults: int | None = None,
+        active_seconds: float | None = None,
+        racing_cas: bool = False,
+        overlap_wait: float = 0.5,
+        access_key: str = ACCESS_KEY,
+        secret_key: str = SECRET_KEY,
+        region: str = REGION,
+    ) -> None:
+        self._addr = _parse_upstream(upstream)
+        self._rules = tuple(rules)
+        self._rng = random.Random(seed)
+        self.max_faults = max_faults
+        self.active_seconds = active_seconds
+        self.racing_cas = racing_cas
+        self.overlap_wait = overlap_wait
+        self._credentials = (access_key, secret_key, region)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._in_flight: dict[str, int] = {}
+        self._armed_at: float | None = None
+        self._injected = 0
+        self._faults: list[FaultEvent] = []
+        self.requests = 0
+        self.overlapped = 0
+        self.stripped = 0
+        self._stopping = threading.Event()
+        self._clients: set[socket.socket] = set()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- control ----------------------------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the proxy is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def upstream(self) -> str:
+        return "http://{}:{}".format(*self._addr)
+
+    @upstream.setter
+    def upstream(self, url: str) -> None:
+        self.set_upstream(url)
+
+    def set_upstream(self, url: str) -> None:
+        """Forward to ``url`` from the next request on (open connections reconnect)."""
+        self._addr = _parse_upstream(url)
+
+    def set_rules(self, rules: Sequence[FaultRule]) -> None:
+        with self._lock:
+            self._rules = tuple(rules)
+
+    def arm(self) -> None:
+        """Begin injecting; ``active_seconds`` counts from now."""
+        with self._lock:
+            self._armed_at = time.monotonic()
+
+    def disarm(self) -> None:
+        """No more faults (requests are still forwarded; racing_cas stays on)."""
+        with self._lock:
+            self._armed_at = None
+
+    def fault_log(self) -> list[FaultEvent]:
+        """The faults injected so far, by time."""
+        with self._lock:
+            return sorted(self._faults, key=lambda e: e.t)
+
+    @property
+    def faults(self) -> list[FaultEvent]:
+        return self.fault_log()
+
+    def start(self) -> FaultProxy:
+        self._stopping.clear()
+        self._server = Server(("127.0.0.1", 0), ClientConnection)
+        self._server.proxy = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fault-proxy", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, and close every client connection (their threads end)."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        with self._lock:
+            clients = list(self._clients)
+        for sock in clients:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- per request ------------------------------------------------------------------
+
+    def _seen(self, method: str, path: str) -> None:
+        """Hook for subclasses: every request received (``path`` without its query)."""
+
+    def _decide(self, method: str, key: str, conditional: bool) -> list[tuple[FaultRule, float]]:
+        """The faults for one request, each with the time it was decided; counts it."""
+        with self._lock:
+            self.requests += 1
+            if self._armed_at is None:
+                return []
+            now = time.monotonic()
+            if self.active_seconds is not None and now - self._armed_at >= self.active_seconds:
+                return []
+            chosen = []
+            for rule in self._rules:
+                if self.max_faults is not None and self._injected >= self.max_faults:
+                    break
+                if not rule.matches(method, key, conditional):
+                    continue
+                if self._rng.random() >= rule.probability:
+                    continue
+                self._injected += 1
+                chosen.append((rule, now))
+                if rule.kind in _TERMINAL:
+                    break
+            return chosen
+
+    def _record(self, rule_kind: str, t: float, req: Request, key: str, delay: float,
+                applied: bool | None) -> None:
+        with self._lock:
+            self._faults.append(FaultEvent(t, rule_kind, req.method, key, delay, applied))
+
+    def _sleep(self, seconds: float) -> None:
+        """A fault's delay; cut short only by stop()."""
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    def _enter(self, path: str, conditional: bool) -> bool:
+        """Register a request on ``path``; True when its conditions are to be dropped."""
+        with self._cond:
+            self._in_flight[path] = self._in_flight.get(path, 0) + 1
+            if self._in_flight[path] >= 2:
+                self.overlapped += 1
+            self._cond.notify_all()
+            if not (conditional and self.racing_cas):
+                return False
+            self._cond.wait_for(
+                lambda: self._in_flight[path] >= 2 or self._stopping.is_set(), self.overlap_wait
+            )
+            overlapping = self._in_flight[path] >= 2
+            if overlapping:
+                self.stripped += 1
+            return overlapping
+
+    def _leave(self, path: str) -> None:
+        with self._cond:
+            self._in_flight[path] -= 1
+            if not self._in_flight[path]:
+                del self._in_flight[path]
+
+    def _handle(self, conn: ClientConnection, req: Request) -> bool:
+        """Serve one request on ``conn``; False when the connection is to be closed."""
+        path = req.target.split("?", 1)[0]
+        self._seen(req.method, path)
+        key = _object_key(req.method, req.target, path)
+        plan = self._decide(req.method, key, req.has_conditions)
+        terminal = next((r for r, _ in plan if r.kind in _TERMINAL), None)
+        for rule, _ in plan:
+            if rule.kind == "delay_request":
+                self._sleep(rule.delay_seconds)
+        if terminal is not None and terminal.kind not in ("drop_answer",):
+            for rule, t in plan:
+                self._record(rule.kind, t, req, key, rule.delay_seconds, False)
+            if terminal.kind == "reset":
+                conn.reset()
+                return False
+            if terminal.kind == "read_timeout":
+                self._sleep(terminal.delay_seconds)
+                conn.close()
+                return False
+            return conn.send_error(req, *_ERRORS[terminal.kind])
+        track = self.racing_cas or self._track_overlap
+        conditional = req.method in ("PUT", "DELETE") and req.has_conditions
+        strip = self._enter(path, conditional) if track else False
+        try:
+            if strip:
+                req = resign(req, self._credentials)
+            answer = conn.forward(req, self._addr)
+        except UpstreamGone as gone:
+            for rule, t in plan:
+                self._record(rule.kind, t, req, key, rule.delay_seconds, None)
+            if gone.sent:
+                conn.close()
+                return False
+            return conn.send_error(req, *_UNAVAILABLE)
+        finally:
+            if track:
+                self._leave(path)
+        applied = 200 <= answer.status < 300
+        if strip:
+            self._record("racing_cas", time.monotonic(), req, key, 0.0, applied)
+        for rule, t in plan:
+            self._record(rule.kind, t, req, key, rule.delay_seconds, applied)
+        if terminal is not None:  # drop_answer
+            conn.close()
+            return False
+        for rule, _ in plan:
+            if rule.kind == "delay_answer":
+                self._sleep(rule.delay_seconds)
+        return conn.send_answer(req, answer)
+
+
+def _check_methods(methods: frozenset[str]) -> None:
+    if not methods <= _METHODS:
+        raise ValueError(f"methods must be among {sorted(_METHODS)}, not {sorted(methods)}")
+
+
+def _parse_upstream(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"upstream must be http://host:port, not {url!r}")
+    return parts.hostname, parts.port
+
+
+def _object_key(method: str, target: str, path: str) -> str:
+    """The object key of a path-style request (bucket stripped); a LIST's ``?prefix=``."""
+    _, _, key = unquote(path).lstrip("/").partition("/")
+    if not key and method == "GET" and "?" in target:
+        return parse_qs(target.split("?", 1)[1]).get("prefix", [""])[0]
+    return key
+
