@@ -36,7 +36,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -111,7 +111,8 @@ class FaultProxy:
 
     ``requests`` counts requests received; ``overlapped`` those that arrived while
     another on the same key was in flight (counted with ``racing_cas`` only);
-    ``stripped`` those whose conditions were dropped.
+    ``stripped`` those whose conditions were dropped. ``clock`` times ``active_seconds``
+    and the events (tests pass a fake one).
     """
 
     #: Track requests in flight per key even when not racing (RacyProxy's honest mode).
@@ -130,7 +131,9 @@ class FaultProxy:
         access_key: str = ACCESS_KEY,
         secret_key: str = SECRET_KEY,
         region: str = REGION,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._addr = _parse_upstream(upstream)
         self._rules = tuple(rules)
         self._rng = random.Random(seed)
@@ -139,7 +142,7 @@ class FaultProxy:
         self.racing_cas = racing_cas
         self.overlap_wait = overlap_wait
         self._credentials = (access_key, secret_key, region)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._in_flight: dict[str, int] = {}
         self._armed_at: float | None = None
@@ -181,12 +184,24 @@ class FaultProxy:
     def arm(self) -> None:
         """Begin injecting; ``active_seconds`` counts from now."""
         with self._lock:
-            self._armed_at = time.monotonic()
+            self._armed_at = self._clock()
 
     def disarm(self) -> None:
         """No more faults (requests are still forwarded; racing_cas stays on)."""
         with self._lock:
             self._armed_at = None
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now."""
+        with self._lock:
+            return len(self._clients)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds, checked whenever a fault is recorded or a
+        client connection ends; whether it held within ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
 
     def fault_log(self) -> list[FaultEvent]:
         """The faults injected so far, by time."""
@@ -241,7 +256,7 @@ class FaultProxy:
             self.requests += 1
             if self._armed_at is None:
                 return []
-            now = time.monotonic()
+            now = self._clock()
             if self.active_seconds is not None and now - self._armed_at >= self.active_seconds:
                 return []
             chosen = []
@@ -260,8 +275,9 @@ class FaultProxy:
 
     def _record(self, rule_kind: str, t: float, req: Request, key: str, delay: float,
                 applied: bool | None) -> None:
-        with self._lock:
+        with self._cond:
             self._faults.append(FaultEvent(t, rule_kind, req.method, key, delay, applied))
+            self._cond.notify_all()
 
     def _sleep(self, seconds: float) -> None:
         """A fault's delay; cut short only by stop()."""
@@ -331,7 +347,7 @@ class FaultProxy:
                 self._leave(path)
         applied = 200 <= answer.status < 300
         if strip:
-            self._record("racing_cas", time.monotonic(), req, key, 0.0, applied)
+            self._record("racing_cas", self._clock(), req, key, 0.0, applied)
         for rule, t in plan:
             self._record(rule.kind, t, req, key, rule.delay_seconds, applied)
         if terminal is not None:  # drop_answer

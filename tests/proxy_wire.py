@@ -124,8 +124,9 @@ class ClientConnection(StreamRequestHandler):
             pass  # the client went away or spoke nonsense: end this connection only
 
     def finish(self) -> None:
-        with self.server.proxy._lock:
+        with self.server.proxy._cond:
             self.server.proxy._clients.discard(self.connection)
+            self.server.proxy._cond.notify_all()
         self._drop_upstream()
         with contextlib.suppress(OSError):
             super().finish()
