@@ -12,7 +12,6 @@ goes away mid-answer only ends its own connection.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import select
 import socket
 import struct
@@ -87,13 +86,97 @@ class Server(ThreadingTCPServer):
             super().handle_error(request, client_address)
 
 
-def _alive(conn: http.client.HTTPConnection) -> bool:
-    """Whether an idle keep-alive connection is still open (no EOF or stray bytes)."""
-    if conn.sock is None:
-        return False
-    poller = select.poll()
-    poller.register(conn.sock, select.POLLIN)
-    return not poller.poll(0)
+def _line(rfile: Any) -> bytes:
+    line: bytes = rfile.readline(_MAX_LINE + 1)
+    if len(line) > _MAX_LINE:
+        raise ValueError("line too long")
+    return line
+
+
+def read_head(rfile: Any) -> tuple[list[str], list[tuple[str, str]]] | None:
+    """The first line's words and the headers of a request or answer; None at EOF."""
+    line = _line(rfile)
+    while line in (b"\r\n", b"\n"):
+        line = _line(rfile)
+    if not line:
+        return None
+    headers = []
+    while True:
+        raw = _line(rfile)
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers.append((name.strip(), value.strip()))
+    return line.decode("latin-1").strip().split(None, 2), headers
+
+
+def read_body(rfile: Any, low: dict[str, str], *, to_eof: bool = False) -> bytes:
+    """A message body: chunked, or Content-Length bytes, or (``to_eof``, an answer
+    with neither) all until the connection ends."""
+    if "chunked" in low.get("transfer-encoding", "").lower():
+        chunks = []
+        while True:
+            size = int(_line(rfile).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while _line(rfile) not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(chunks)
+            chunks.append(rfile.read(size))
+            _line(rfile)
+    if "content-length" not in low and to_eof:
+        return bytes(rfile.read())
+    length = int(low.get("content-length") or 0)
+    body: bytes = rfile.read(length) if length else b""
+    if len(body) != length:
+        raise ValueError("short body")
+    return body
+
+
+class Upstream:
+    """One keep-alive connection to the server at ``addr``."""
+
+    def __init__(self, addr: tuple[str, int]) -> None:
+        self.addr = addr
+        try:
+            self.sock = socket.create_connection(addr, timeout=UPSTREAM_TIMEOUT)
+        except OSError:
+            raise UpstreamGone(sent=False) from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rfile = self.sock.makefile("rb")
+        self._poller = select.poll()
+        self._poller.register(self.sock, select.POLLIN)
+
+    def idle_and_open(self) -> bool:
+        """Whether the connection is still open: no EOF (nor stray bytes) waiting."""
+        return not self._poller.poll(0)
+
+    def close(self) -> None:
+        self.rfile.close()
+        self.sock.close()
+
+    def exchange(self, req: Request) -> tuple[Answer, bool]:
+        """Send ``req``, read the answer; and whether the connection must close."""
+        lines = [f"{req.method} {req.target} HTTP/1.1\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in req.headers]
+        if req.body or req.method in ("PUT", "POST"):
+            lines.append(f"Content-Length: {len(req.body)}\r\n")
+        lines.append("\r\n")
+        self.sock.sendall("".join(lines).encode("latin-1") + req.body)
+        got = read_head(self.rfile)
+        while got is not None and got[0][1].startswith("1"):  # 100 Continue and the like
+            got = read_head(self.rfile)
+        if got is None:
+            raise ValueError("closed without an answer")
+        (version, status, *reason), headers = got
+        low = {k.lower(): v for k, v in headers}
+        code = int(status)
+        no_body = req.method == "HEAD" or code in (204, 304)
+        body = b"" if no_body else read_body(self.rfile, low, to_eof=True)
+        close = low.get("connection", "").lower() == "close" or version != "HTTP/1.1" or (
+            not no_body and "content-length" not in low and "chunked" not in
+            low.get("transfer-encoding", "").lower()
+        )
+        return Answer(code, reason[0] if reason else "", headers, body), close
 
 
 class ClientConnection(StreamRequestHandler):
@@ -106,8 +189,7 @@ class ClientConnection(StreamRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self._up: http.client.HTTPConnection | None = None
-        self._up_addr: tuple[str, int] | None = None
+        self._up: Upstream | None = None
         with self.server.proxy._lock:
             self.server.proxy._clients.add(self.connection)
 
@@ -131,53 +213,19 @@ class ClientConnection(StreamRequestHandler):
         with contextlib.suppress(OSError):
             super().finish()
 
-    # -- reading ----------------------------------------------------------------------
-
-    def _line(self) -> bytes:
-        line = self.rfile.readline(_MAX_LINE + 1)
-        if len(line) > _MAX_LINE:
-            raise ValueError("line too long")
-        return line
-
     def _read_request(self) -> Request | None:
-        line = self._line()
-        while line in (b"\r\n", b"\n"):
-            line = self._line()
-        if not line:
+        got = read_head(self.rfile)
+        if got is None:
             return None
-        method, target, version = line.decode("latin-1").split()
-        headers = []
-        while True:
-            raw = self._line()
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = raw.decode("latin-1").partition(":")
-            headers.append((name.strip(), value.strip()))
+        (method, target, version), headers = got
         low = {k.lower(): v for k, v in headers}
         connection = low.get("connection", "").lower()
         keep_alive = connection != "close" if version == "HTTP/1.1" else connection == "keep-alive"
         if low.get("expect", "").lower() == "100-continue":
             self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if "chunked" in low.get("transfer-encoding", "").lower():
-            body = self._chunked()
-        else:
-            length = int(low.get("content-length") or 0)
-            body = self.rfile.read(length) if length else b""
-            if len(body) != length:
-                raise ValueError("short body")
+        body = read_body(self.rfile, low)
         kept = tuple((k, v) for k, v in headers if k.lower() not in HOP_HEADERS)
         return Request(method, target, kept, body, keep_alive)
-
-    def _chunked(self) -> bytes:
-        chunks = []
-        while True:
-            size = int(self._line().split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while self._line() not in (b"\r\n", b"\n", b""):
-                    pass
-                return b"".join(chunks)
-            chunks.append(self.rfile.read(size))
-            self._line()
 
     # -- the server -------------------------------------------------------------------
 
@@ -189,32 +237,18 @@ class ClientConnection(StreamRequestHandler):
     def forward(self, req: Request, addr: tuple[str, int]) -> Answer:
         """Send ``req`` to the server at ``addr`` on this connection's keep-alive
         connection (opened again if the server closed it or moved); its answer."""
-        conn = self._up
-        if conn is not None and (self._up_addr != addr or not _alive(conn)):
+        if self._up is not None and (self._up.addr != addr or not self._up.idle_and_open()):
             self._drop_upstream()
-            conn = None
-        if conn is None:
-            conn = http.client.HTTPConnection(*addr, timeout=UPSTREAM_TIMEOUT)
-            try:
-                conn.connect()
-            except OSError:
-                raise UpstreamGone(sent=False) from None
-            self._up, self._up_addr = conn, addr
+        if self._up is None:
+            self._up = Upstream(addr)
         try:
-            conn.putrequest(req.method, req.target, skip_host=True, skip_accept_encoding=True)
-            for name, value in req.headers:
-                conn.putheader(name, value)
-            if req.body or req.method in ("PUT", "POST"):
-                conn.putheader("Content-Length", str(len(req.body)))
-            conn.endheaders(req.body or None)
-            resp = conn.getresponse()
-            body = resp.read()
-        except (OSError, http.client.HTTPException):
+            answer, close = self._up.exchange(req)
+        except (OSError, ValueError, IndexError):
             self._drop_upstream()
             raise UpstreamGone(sent=True) from None
-        if resp.will_close:
+        if close:
             self._drop_upstream()
-        return Answer(resp.status, resp.reason, resp.getheaders(), body)
+        return answer
 
     # -- answering --------------------------------------------------------------------
 
