@@ -35,11 +35,11 @@ from benchmarks.chaos.ledger import Ledger, LedgerTail, LedgerWriter
 from benchmarks.chaos.pool import LISTENER_OPTIONS, PoolHandle
 from pawn_queue_sync import PawnQueue, PublishError, drain
 from pawn_queue_sync.layout import dead_letter_prefix
-from tests.fault_proxy import FaultProxy, FaultRule
-from tests.seaweedfs import start_seaweedfs
+from tests.fault_proxy import FaultProxy
+from tests.seaweedfs import RestartableSeaweedFS
 from tests.servers import ACCESS_KEY, REGION, SECRET_KEY, make_client, unique_bucket_name
 
-__all__ = ["POISON_PREFIX", "ChaosRun", "ChaosSettings", "ScenarioResult", "WRONG_SHAPES"]
+__all__ = ["POISON_PREFIX", "WRONG_SHAPES", "ChaosRun", "ChaosSettings", "ScenarioResult"]
 
 REPO = Path(__file__).resolve().parents[2]
 #: Ids starting with this are poison (the handler raises); normal ids never do.
@@ -68,6 +68,10 @@ class ChaosSettings:
     jitter_min_ms: int = 100
     jitter_max_ms: int = 400
     workdir: str | None = None
+    #: A running ``RestartableSeaweedFS`` shared by several runs in turn,
+    #: each with a bucket of its own (the quick suite: one start instead of one per row);
+    #: None: the run starts and stops its own.
+    shared_server: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -103,7 +107,8 @@ class ChaosRun:
         self.notes: dict[str, Any] = {}
         self.poison_ids: set[str] = set()
         self.pools: list[PoolHandle] = []
-        self.server = _seaweedfs(self.workdir / "seaweedfs")
+        self._owns_server = settings.shared_server is None
+        self.server = settings.shared_server or RestartableSeaweedFS(self.workdir / "seaweedfs")
         self.proxy: FaultProxy | None = None
         self._queue: PawnQueue | None = None
         self._direct: PawnQueue | None = None
@@ -115,7 +120,8 @@ class ChaosRun:
 
     def __enter__(self) -> ChaosRun:
         try:
-            self.server.start()
+            if self._owns_server:
+                self.server.start()
             make_client(self.server.endpoint_url).create_bucket(Bucket=self.bucket)
             self.proxy = FaultProxy(self.server.endpoint_url, seed=self.settings.seed).start()
             self.direct_queue().create_topic(self.topic, packed=self.settings.kind == "packed")
@@ -139,7 +145,8 @@ class ChaosRun:
         self._queue = self._direct = None
         if self.proxy is not None:
             self.proxy.stop()
-        self.server.close()
+        if self._owns_server:
+            self.server.close()
         self.log.close()
         if not os.environ.get("CHAOS_KEEP") and self.settings.workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -387,44 +394,9 @@ class ChaosRun:
         )
 
 
-class _OneShotSeaweedFS:
-    """start_seaweedfs behind RestartableSeaweedFS's start/close (until it lands)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self._server: Any = None
-
-    def start(self) -> Any:
-        self._server = start_seaweedfs(self.workdir)
-        return self._server
-
-    @property
-    def endpoint_url(self) -> str:
-        return str(self._server.endpoint_url)
-
-    @property
-    def pid(self) -> int | None:
-        return self._server.pid if self._server else None
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-
-def _seaweedfs(workdir: Path) -> Any:
-    """A restartable SeaweedFS where tests.seaweedfs has one, else a one-shot one."""
-    import tests.seaweedfs as sw
-
-    restartable = getattr(sw, "RestartableSeaweedFS", None)
-    return restartable(workdir) if restartable is not None else _OneShotSeaweedFS(workdir)
-
-
 def _normal_id() -> str:
     while True:
         mid = str(uuid.uuid4())
         if not mid.startswith(POISON_PREFIX):
             return mid
 
-
-__all__ += ["FaultRule"]

@@ -13,7 +13,7 @@ from tests.fault_proxy import FaultRule
 
 NAME = "faults"
 NUMBER = 1
-FULL_MESSAGES, QUICK_MESSAGES = 10_000, 200
+FULL_MESSAGES, QUICK_MESSAGES = 10_000, 60
 STALL_SECONDS = 2.0
 
 

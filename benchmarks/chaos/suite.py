@@ -1,0 +1,89 @@
+"""Which rows a chaos run makes, with which settings, and running them."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from benchmarks.chaos.accounting import Counts
+from benchmarks.chaos.harness import ChaosSettings, ScenarioResult
+from benchmarks.chaos.scenarios import FIXED_STRATEGY, NAMES, SCENARIOS
+
+__all__ = ["KINDS", "STRATEGIES", "Row", "plan", "run_row", "settings_for"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("plain", "packed")
+STRATEGIES = ("conditional_write", "csprng_verify")
+
+
+@attrs.frozen
+class Row:
+    """One (scenario, kind, strategy) to run."""
+
+    scenario: int
+    kind: str
+    strategy: str
+
+
+def plan(*, only: Iterable[int] | None = None, kinds: Sequence[str] = KINDS,
+         strategies: Sequence[str] = STRATEGIES) -> list[Row]:
+    """Every asked scenario at every asked kind and strategy (a scenario fixed to one
+    strategy runs once per kind at it)."""
+    rows: list[Row] = []
+    for number in sorted(SCENARIOS if only is None else only):
+        if number not in SCENARIOS:
+            raise ValueError(f"no chaos scenario {number} (known: {sorted(SCENARIOS)})")
+        for kind in kinds:
+            fixed = FIXED_STRATEGY.get(number)
+            for strategy in [fixed] if fixed else strategies:
+                rows.append(Row(number, kind, strategy))
+    return rows
+
+
+def settings_for(row: Row, *, quick: bool, seed: int = 0,
+                 shared_server: Any = None) -> ChaosSettings:
+    """A row's settings: the contract's defaults in the full run; in the quick one, fewer
+    processes and threads, short leases and timeouts (messages: the scenario's quick
+    default). ``shared_server``: a running SeaweedFS the row uses (its own bucket)."""
+    kind: Any = row.kind
+    strategy: Any = row.strategy
+    if not quick:
+        return ChaosSettings(kind=kind, strategy=strategy, messages=0, seed=seed,
+                             shared_server=shared_server)
+    return ChaosSettings(
+        kind=kind, strategy=strategy, messages=0, seed=seed, processes=2, threads=4,
+        visibility_timeout=5.0, refresh_interval=1.5, read_timeout=1.5, quick=True,
+        shared_server=shared_server,
+    )
+
+
+def _crashed(row: Row, exc: BaseException) -> ScenarioResult:
+    """The row of a scenario that raised: no counts, one miss saying why."""
+    zero = Counts(published=0, unconfirmed=0, acked=0, dead_lettered=0, left=0, lost=0,
+                  delivered_twice=0, twice_while_live=0, remaining_after_sweep=0,
+                  wrong_dead_letters=0, poison_delivery_errors=0)
+    return ScenarioResult(
+        scenario=row.scenario, name=NAMES.get(row.scenario, "?"), kind=row.kind,
+        strategy=row.strategy, counts=zero,
+        notes={"error": "".join(traceback.format_exception_only(type(exc), exc)).strip()},
+        goals_met=False, misses=[f"the scenario raised {type(exc).__name__}: {exc}"],
+    )
+
+
+def run_row(row: Row, *, quick: bool, seed: int = 0, shared_server: Any = None,
+            runner: Callable[[ChaosSettings], ScenarioResult] | None = None) -> ScenarioResult:
+    """Run one row; a scenario that raises gives a failed row (the others still run)."""
+    settings = settings_for(row, quick=quick, seed=seed, shared_server=shared_server)
+    try:
+        result = (runner or SCENARIOS[row.scenario])(settings)
+    except Exception as exc:
+        log.exception("chaos scenario %s (%s, %s) raised", row.scenario, row.kind, row.strategy)
+        return _crashed(row, exc)
+    if result.scenario != row.scenario:  # a scenario that left finish()'s default
+        result = attrs.evolve(result, scenario=row.scenario)
+    return result
