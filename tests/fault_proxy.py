@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 
-from tests.proxy_wire import ClientConnection, Request, Server, UpstreamGone, resign
+from tests.proxy_wire import Answer, ClientConnection, Request, Server, UpstreamGone, resign
 from tests.servers import ACCESS_KEY, REGION, SECRET_KEY
 
 __all__ = ["FaultEvent", "FaultKind", "FaultProxy", "FaultRule"]
@@ -61,6 +61,10 @@ _ERRORS = {
                   "We encountered an internal error. Please try again."),
     "slowdown_503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
+#: A fault decided for a request: kind, delay_seconds, when (the proxy's clock).
+_Fault = tuple[str, float, float]
+#: What FaultProxy._forward returns when the server failed after the request was sent.
+_CLOSE = Answer(0, "", [], b"")
 _UNAVAILABLE = (503, "Service Unavailable", "ServiceUnavailable",
                 "The server is unreachable from the proxy. Please try again.")
 
@@ -223,7 +227,8 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
-        """Stop accepting, and close every client connection (their threads end)."""
+        """Stop accepting, close every client connection, and wait (a few seconds at
+        most) for their threads to end; a held request is not forwarded any more."""
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
@@ -235,6 +240,9 @@ class FaultProxy:
         for sock in clients:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        # their threads end at once unless the server is slow to answer: nothing is
+        # forwarded once this returns, as far as a few seconds allow
+        self.wait_for(lambda: not self._clients, timeout=5)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
@@ -250,8 +258,8 @@ class FaultProxy:
     def _seen(self, method: str, path: str) -> None:
         """Hook for subclasses: every request received (``path`` without its query)."""
 
-    def _decide(self, method: str, key: str, conditional: bool) -> list[tuple[FaultRule, float]]:
-        """The faults for one request, each with the time it was decided; counts it."""
+    def _decide(self, method: str, key: str, conditional: bool) -> list[_Fault]:
+        """The faults for one request (kind, delay, when decided); counts the request."""
         with self._lock:
             self.requests += 1
             if self._armed_at is None:
@@ -268,15 +276,20 @@ class FaultProxy:
                 if self._rng.random() >= rule.probability:
                     continue
                 self._injected += 1
-                chosen.append((rule, now))
+                chosen.append((rule.kind, rule.delay_seconds, now))
                 if rule.kind in _TERMINAL:
                     break
             return chosen
 
-    def _record(self, rule_kind: str, t: float, req: Request, key: str, delay: float,
+    def _record(self, plan: Sequence[_Fault], req: Request, key: str,
                 applied: bool | None) -> None:
+        """Log the faults of ``plan``."""
+        if not plan:
+            return
         with self._cond:
-            self._faults.append(FaultEvent(t, rule_kind, req.method, key, delay, applied))
+            self._faults.extend(
+                FaultEvent(t, kind, req.method, key, delay, applied) for kind, delay, t in plan
+            )
             self._cond.notify_all()
 
     def _sleep(self, seconds: float) -> None:
@@ -313,21 +326,37 @@ class FaultProxy:
         self._seen(req.method, path)
         key = _object_key(req.method, req.target, path)
         plan = self._decide(req.method, key, req.has_conditions)
-        terminal = next((r for r, _ in plan if r.kind in _TERMINAL), None)
-        for rule, _ in plan:
-            if rule.kind == "delay_request":
-                self._sleep(rule.delay_seconds)
-        if terminal is not None and terminal.kind not in ("drop_answer",):
-            for rule, t in plan:
-                self._record(rule.kind, t, req, key, rule.delay_seconds, False)
-            if terminal.kind == "reset":
+        terminal = next((kind for kind, _, _ in plan if kind in _TERMINAL), None)
+        for kind, delay, _ in plan:
+            if kind == "delay_request":
+                self._sleep(delay)
+        if self._stopping.is_set():  # stopped while held: not sent late
+            terminal = "read_timeout"
+        if terminal is not None and terminal != "drop_answer":
+            self._record(plan, req, key, False)
+            if terminal == "reset":
                 conn.reset()
                 return False
-            if terminal.kind == "read_timeout":
-                self._sleep(terminal.delay_seconds)
+            if terminal == "read_timeout":
+                self._sleep(max((d for k, d, _ in plan if k == terminal), default=0.0))
                 conn.close()
                 return False
-            return conn.send_error(req, *_ERRORS[terminal.kind])
+            return conn.send_error(req, *_ERRORS[terminal])
+        answer = self._forward(conn, req, path, key, plan)
+        if answer is None:
+            return conn.send_error(req, *_UNAVAILABLE)
+        if answer is _CLOSE or terminal == "drop_answer":
+            conn.close()
+            return False
+        for kind, delay, _ in plan:
+            if kind == "delay_answer":
+                self._sleep(delay)
+        return conn.send_answer(req, answer)
+
+    def _forward(self, conn: ClientConnection, req: Request, path: str, key: str,
+                 plan: list[_Fault]) -> Answer | None:
+        """The server's answer to ``req`` (its conditions dropped if racing); None if
+        the server could not be reached, ``_CLOSE`` if it failed once it was sent."""
         track = self.racing_cas or self._track_overlap
         conditional = req.method in ("PUT", "DELETE") and req.has_conditions
         strip = self._enter(path, conditional) if track else False
@@ -336,27 +365,16 @@ class FaultProxy:
                 req = resign(req, self._credentials)
             answer = conn.forward(req, self._addr)
         except UpstreamGone as gone:
-            for rule, t in plan:
-                self._record(rule.kind, t, req, key, rule.delay_seconds, None)
-            if gone.sent:
-                conn.close()
-                return False
-            return conn.send_error(req, *_UNAVAILABLE)
+            self._record(plan, req, key, None)
+            return _CLOSE if gone.sent else None
         finally:
             if track:
                 self._leave(path)
         applied = 200 <= answer.status < 300
         if strip:
-            self._record("racing_cas", self._clock(), req, key, 0.0, applied)
-        for rule, t in plan:
-            self._record(rule.kind, t, req, key, rule.delay_seconds, applied)
-        if terminal is not None:  # drop_answer
-            conn.close()
-            return False
-        for rule, _ in plan:
-            if rule.kind == "delay_answer":
-                self._sleep(rule.delay_seconds)
-        return conn.send_answer(req, answer)
+            self._record([("racing_cas", 0.0, self._clock())], req, key, applied)
+        self._record(plan, req, key, applied)
+        return answer
 
 
 def _check_methods(methods: frozenset[str]) -> None:

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ReadTimeoutError,
+)
 
 from tests.fault_proxy import FaultProxy, FaultRule
 from tests.seaweedfs import RestartableSeaweedFS
@@ -59,6 +64,25 @@ def status_of(call: Any, **kwargs: Any) -> int:
         return int(exc.response["ResponseMetadata"]["HTTPStatusCode"])
 
 
+def failed_put(
+    proxy: FaultProxy, bucket: str, rule: FaultRule, *, read_timeout: float = 30.0
+) -> Exception:
+    """Arm ``proxy`` with ``rule`` alone; what a PUT of ``k`` through it raised."""
+    proxy.set_rules([rule])
+    proxy.arm()
+    client = no_retry_client(proxy.endpoint_url, read_timeout=read_timeout)
+    with pytest.raises((ClientError, BotoCoreError)) as info:
+        client.put_object(Bucket=bucket, Key="k", Body=b"v")
+    return info.value
+
+
+def timed_out_put(proxy: FaultProxy, bucket: str, kind: str) -> None:
+    """A PUT under a fault ``kind`` that holds ``HOLD`` seconds: the client times out."""
+    rule = FaultRule(kind, 1.0, delay_seconds=HOLD)  # type: ignore[arg-type]
+    error = failed_put(proxy, bucket, rule, read_timeout=SHORT_READ_TIMEOUT)
+    assert isinstance(error, ReadTimeoutError)
+
+
 def raw_request(proxy: FaultProxy, method: str = "GET", path: str = "/b/k") -> socket.socket:
     """A socket that has sent an unsigned request to the proxy (for faults that answer
     before anything is forwarded)."""
@@ -74,12 +98,10 @@ def raw_request(proxy: FaultProxy, method: str = "GET", path: str = "/b/k") -> s
 def test_error_faults_answer_s3_xml_errors_without_forwarding(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str, kind: str, status: int, code: str
 ) -> None:
-    proxy.set_rules([FaultRule(kind, 1.0)])  # type: ignore[arg-type]
-    proxy.arm()
-    with pytest.raises(ClientError) as info:
-        no_retry_client(proxy.endpoint_url).put_object(Bucket=real_bucket, Key="k", Body=b"v")
-    assert info.value.response["Error"]["Code"] == code
-    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == status
+    error = failed_put(proxy, real_bucket, FaultRule(kind, 1.0))  # type: ignore[arg-type]
+    assert isinstance(error, ClientError)
+    assert error.response["Error"]["Code"] == code
+    assert error.response["ResponseMetadata"]["HTTPStatusCode"] == status
     assert not exists(real_s3, real_bucket, "k")
     [event] = proxy.fault_log()
     assert (event.kind, event.method, event.key, event.applied) == (kind, "PUT", "k", False)
@@ -88,10 +110,8 @@ def test_error_faults_answer_s3_xml_errors_without_forwarding(
 def test_reset_closes_with_an_rst_and_forwards_nothing(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
-    proxy.set_rules([FaultRule("reset", 1.0)])
-    proxy.arm()
-    with pytest.raises(ConnectionClosedError):
-        no_retry_client(proxy.endpoint_url).put_object(Bucket=real_bucket, Key="k", Body=b"v")
+    error = failed_put(proxy, real_bucket, FaultRule("reset", 1.0))
+    assert isinstance(error, ConnectionClosedError)
     assert not exists(real_s3, real_bucket, "k")
     with raw_request(proxy) as sock, pytest.raises(ConnectionResetError):
         sock.recv(1)  # an RST, not a clean end of stream
@@ -101,11 +121,7 @@ def test_reset_closes_with_an_rst_and_forwards_nothing(
 def test_read_timeout_holds_then_closes_without_an_answer(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
-    proxy.set_rules([FaultRule("read_timeout", 1.0, delay_seconds=HOLD)])
-    proxy.arm()
-    client = no_retry_client(proxy.endpoint_url, read_timeout=SHORT_READ_TIMEOUT)
-    with pytest.raises(ReadTimeoutError):
-        client.put_object(Bucket=real_bucket, Key="k", Body=b"v")
+    timed_out_put(proxy, real_bucket, "read_timeout")
     with raw_request(proxy) as sock:
         sock.settimeout(HOLD * 10)
         assert sock.recv(1) == b""  # held, then closed: no answer at all
@@ -116,27 +132,20 @@ def test_read_timeout_holds_then_closes_without_an_answer(
 def test_drop_answer_applies_the_write_but_the_client_gets_no_answer(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
-    proxy.set_rules([FaultRule("drop_answer", 1.0, methods=frozenset({"PUT"}))])
-    proxy.arm()
-    client = no_retry_client(proxy.endpoint_url)
-    with pytest.raises(ConnectionClosedError):
-        client.put_object(Bucket=real_bucket, Key="k", Body=b"applied")
-    got = real_s3.client().get_object(Bucket=real_bucket, Key="k")["Body"].read()
-    assert got == b"applied"
+    error = failed_put(proxy, real_bucket, FaultRule("drop_answer", 1.0, methods={"PUT"}))
+    assert isinstance(error, ConnectionClosedError)
+    assert real_s3.client().get_object(Bucket=real_bucket, Key="k")["Body"].read() == b"v"
     [event] = proxy.fault_log()
     assert (event.kind, event.applied) == ("drop_answer", True)
-    # GETs pass, on a new connection of the same client
-    assert client.get_object(Bucket=real_bucket, Key="k")["Body"].read() == b"applied"
+    # GETs pass
+    client = no_retry_client(proxy.endpoint_url)
+    assert client.get_object(Bucket=real_bucket, Key="k")["Body"].read() == b"v"
 
 
 def test_a_request_delay_holds_it_before_the_server_sees_it(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
-    proxy.set_rules([FaultRule("delay_request", 1.0, delay_seconds=HOLD)])
-    proxy.arm()
-    client = no_retry_client(proxy.endpoint_url, read_timeout=SHORT_READ_TIMEOUT)
-    with pytest.raises(ReadTimeoutError):
-        client.put_object(Bucket=real_bucket, Key="k", Body=b"late")
+    timed_out_put(proxy, real_bucket, "delay_request")
     assert not exists(real_s3, real_bucket, "k")  # still held
     assert proxy.wait_for(lambda: len(proxy.fault_log()) == 1, timeout=HOLD * 10)
     [event] = proxy.fault_log()
@@ -147,18 +156,14 @@ def test_a_request_delay_holds_it_before_the_server_sees_it(
 def test_an_answer_delay_holds_the_answer_of_an_applied_request(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
-    proxy.set_rules([FaultRule("delay_answer", 1.0, delay_seconds=HOLD)])
-    proxy.arm()
-    client = no_retry_client(proxy.endpoint_url, read_timeout=SHORT_READ_TIMEOUT)
-    with pytest.raises(ReadTimeoutError):
-        client.put_object(Bucket=real_bucket, Key="k", Body=b"early")
+    timed_out_put(proxy, real_bucket, "delay_answer")
     # the event is recorded once the server answered, before the delay
     assert proxy.wait_for(lambda: len(proxy.fault_log()) == 1, timeout=HOLD * 10)
     assert exists(real_s3, real_bucket, "k")
     # a client that waits long enough gets the answer, whole
     proxy.set_rules([FaultRule("delay_answer", 1.0, delay_seconds=0.2)])
     patient = no_retry_client(proxy.endpoint_url)
-    assert patient.get_object(Bucket=real_bucket, Key="k")["Body"].read() == b"early"
+    assert patient.get_object(Bucket=real_bucket, Key="k")["Body"].read() == b"v"
     assert [e.kind for e in proxy.fault_log()] == ["delay_answer", "delay_answer"]
 
 
@@ -329,3 +334,14 @@ def test_seaweedfs_restarts_on_its_endpoint_with_its_data_behind_the_proxy(
             listed = client.list_objects_v2(Bucket="kept")["Contents"]
             assert sorted(o["Key"] for o in listed) == ["a", "after-False", "after-True"]
     assert server.pid is None
+
+
+def test_a_request_held_when_the_proxy_stops_is_never_sent(
+    proxy: FaultProxy, real_s3: S3Server, real_bucket: str
+) -> None:
+    timed_out_put(proxy, real_bucket, "delay_request")
+    proxy.stop()  # cuts the delay short, and waits for the connection's thread
+    assert proxy.open_connections == 0
+    [event] = proxy.fault_log()
+    assert (event.kind, event.applied) == ("delay_request", False)
+    assert not exists(real_s3, real_bucket, "k")
