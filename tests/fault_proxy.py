@@ -115,7 +115,10 @@ class FaultProxy:
 
     ``requests`` counts requests received; ``overlapped`` those that arrived while
     another on the same key was in flight (counted with ``racing_cas`` only);
-    ``stripped`` those whose conditions were dropped. ``clock`` times ``active_seconds``
+    ``stripped`` those whose conditions were dropped; ``unreachable`` those answered
+    503 because the server could not be reached (down, restarting), ``upstream_failed``
+    those whose client connection was closed because the server failed once the
+    request was sent (not faults of ours, counted apart). ``clock`` times ``active_seconds``
     and the events (tests pass a fake one).
     """
 
@@ -155,6 +158,8 @@ class FaultProxy:
         self.requests = 0
         self.overlapped = 0
         self.stripped = 0
+        self.unreachable = 0
+        self.upstream_failed = 0
         self._stopping = threading.Event()
         self._clients: set[socket.socket] = set()
         self._server: Any = None
@@ -366,6 +371,11 @@ class FaultProxy:
             answer = conn.forward(req, self._addr)
         except UpstreamGone as gone:
             self._record(plan, req, key, None)
+            with self._lock:
+                if gone.sent:
+                    self.upstream_failed += 1
+                else:
+                    self.unreachable += 1
             return _CLOSE if gone.sent else None
         finally:
             if track:

@@ -325,6 +325,7 @@ def test_seaweedfs_restarts_on_its_endpoint_with_its_data_behind_the_proxy(
                 with pytest.raises(ClientError) as info:  # nothing to forward to
                     client.get_object(Bucket="kept", Key="a")
                 assert info.value.response["Error"]["Code"] == "ServiceUnavailable"
+                assert proxy.unreachable == (1 if graceful else 2)
                 restarted = server.start_again()
                 assert restarted.endpoint_url == server.endpoint_url == endpoint
                 assert server.pid not in (None, first_pid)
