@@ -247,20 +247,19 @@ def _serving(running: _Running, deadline: float, stop_timeout: float) -> str | N
 
 
 def _start_on_free_ports(
-    workdir: Path, ready_timeout: float, stop_timeout: float, attempts: int,
-    data_dir: Path | None = None,
+    workdir: Path, ready_timeout: float, stop_timeout: float, attempts: int
 ) -> _Running:
-    """Start ``weed mini`` on a free port block (another block if it exits during
-    startup, up to *attempts* times); data in *data_dir* (default: one per block)."""
+    """Start ``weed mini`` on a free port block (another block, and a fresh data
+    directory, if it exits during startup, up to *attempts* times)."""
     weed_binary()  # fail early, and clearly, without the binary
     workdir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + ready_timeout
     failures: list[str] = []
     for _ in range(attempts):
         base = pick_seaweedfs_base_port()
-        data = data_dir or workdir / f"data-{base}"
-        data.mkdir(exist_ok=data_dir is not None)
-        running = _launch(workdir, data, base)
+        data_dir = workdir / f"data-{base}"
+        data_dir.mkdir()
+        running = _launch(workdir, data_dir, base)
         failure = _serving(running, deadline, stop_timeout)
         if failure is None:
             return running
@@ -305,7 +304,8 @@ class RestartableSeaweedFS:
         stop_timeout: float = SEAWEEDFS_STOP_TIMEOUT,
     ) -> None:
         self.workdir = Path(workdir)
-        self.data_dir = self.workdir / "data"
+        #: Where the data is, once started (``workdir/data-PORT``).
+        self.data_dir: Path | None = None
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self._running: _Running | None = None
@@ -337,15 +337,13 @@ class RestartableSeaweedFS:
             return self._server
         if self._base is not None:
             return self.start_again()
-        running = _start_on_free_ports(
-            self.workdir, self.ready_timeout, self.stop_timeout, 5, data_dir=self.data_dir
-        )
-        self._base = running.base
+        running = _start_on_free_ports(self.workdir, self.ready_timeout, self.stop_timeout, 5)
+        self._base, self.data_dir = running.base, running.data_dir
         return self._serve(running)
 
     def start_again(self) -> S3Server:
         """Start on the same ports and data directory; retry while the ports are busy."""
-        if self._base is None:
+        if self._base is None or self.data_dir is None:
             raise RuntimeError("start() first: there are no ports to start again on")
         if self.running:
             raise RuntimeError(f"SeaweedFS is still running (pid {self.pid})")
