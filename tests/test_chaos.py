@@ -3,8 +3,9 @@
 Every registered scenario runs at least once, the four (topic kind, strategy)
 combinations spread over them, scenario 1 (faults) on all four; each row asserts the
 goals (docs/guarantees.md, "Chaos suite") and, failing, shows its counts and notes.
-The rows start servers and worker processes of their own, so they run one after
-another in one xdist group.
+The rows start worker processes and proxies of their own on one SeaweedFS (a row
+that restarts the server gets its own), three at a time (they mostly wait), computed
+once for the module; they run in an xdist group of their own.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from benchmarks.chaos.harness import ScenarioResult
 from benchmarks.chaos.report import row_line
 from benchmarks.chaos.scenarios import NAMES
-from benchmarks.chaos.suite import KINDS, STRATEGIES, Row, plan, run_row
+from benchmarks.chaos.suite import KINDS, STRATEGIES, Row, plan, run_rows
 from tests.seaweedfs import RestartableSeaweedFS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chaos")]
 
 COMBOS = [(kind, strategy) for kind in KINDS for strategy in STRATEGIES]
+#: Rows run at a time.
+WORKERS = 3
 
 
 def quick_rows() -> list[Row]:
@@ -36,10 +40,15 @@ def quick_rows() -> list[Row]:
 
 
 @pytest.fixture(scope="module")
-def chaos_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableSeaweedFS]:
-    """One SeaweedFS for the rows, in turn (each has a bucket of its own)."""
-    with RestartableSeaweedFS(tmp_path_factory.mktemp("chaos-seaweedfs")) as server:
-        yield server
+def quick_results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Row, ScenarioResult]]:
+    """Every quick row's result, the rows sharing one SeaweedFS (each its own bucket)."""
+    server = RestartableSeaweedFS(tmp_path_factory.mktemp("chaos-seaweedfs"))
+    server.start()
+    try:
+        yield run_rows(quick_rows(), quick=True, seed=lambda row: row.scenario,
+                       shared_server=server, workers=WORKERS)
+    finally:
+        server.stop(graceful=False)  # scratch data: no need to wait for a clean stop
 
 
 def test_the_quick_rows_cover_every_scenario_and_combination() -> None:
@@ -50,10 +59,9 @@ def test_the_quick_rows_cover_every_scenario_and_combination() -> None:
 
 
 @pytest.mark.parametrize("row", quick_rows(), ids=lambda r: f"{r.scenario}-{r.kind}-{r.strategy}")
-def test_chaos_quick_row_meets_its_goals(row: Row, chaos_server: RestartableSeaweedFS) -> None:
-    result = run_row(row, quick=True, seed=row.scenario, shared_server=chaos_server)
-    if not chaos_server.running:  # a scenario that stops the server must start it again
-        pytest.fail(f"row {row} left the shared SeaweedFS stopped")
+def test_chaos_quick_row_meets_its_goals(row: Row,
+                                         quick_results: dict[Row, ScenarioResult]) -> None:
+    result = quick_results[row]
     shown = json.dumps(result.as_dict(), indent=1, default=str)
     assert result.goals_met, f"{row_line(result)}\nmissed: {result.misses}\n{shown}"
     c = result.counts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -13,11 +14,14 @@ from benchmarks.chaos.accounting import Counts
 from benchmarks.chaos.harness import ChaosSettings, ScenarioResult
 from benchmarks.chaos.scenarios import FIXED_STRATEGY, NAMES, SCENARIOS
 
-__all__ = ["KINDS", "STRATEGIES", "Row", "plan", "run_row", "settings_for"]
+__all__ = ["KINDS", "OWN_SERVER", "STRATEGIES", "Row", "plan", "run_row", "run_rows",
+           "settings_for"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("plain", "packed")
+#: Scenarios that stop the server: never given a shared one while other rows use it.
+OWN_SERVER = frozenset({3})
 STRATEGIES = ("conditional_write", "csprng_verify")
 
 
@@ -87,3 +91,22 @@ def run_row(row: Row, *, quick: bool, seed: int = 0, shared_server: Any = None,
     if result.scenario != row.scenario:  # a scenario that left finish()'s default
         result = attrs.evolve(result, scenario=row.scenario)
     return result
+
+
+def run_rows(rows: Sequence[Row], *, quick: bool, seed: Callable[[Row], int] = lambda r: 0,
+             shared_server: Any = None, workers: int = 1) -> dict[Row, ScenarioResult]:
+    """Run ``rows``, ``workers`` at a time (each row has its own bucket, proxy and pool;
+    with more than one worker, rows of OWN_SERVER scenarios start a server of their
+    own). The rows mostly wait on faults, leases and processes, so on a small machine
+    three at a time take about a third of the time."""
+    if workers <= 1:
+        return {row: run_row(row, quick=quick, seed=seed(row), shared_server=shared_server)
+                for row in rows}
+
+    def one(row: Row) -> ScenarioResult:
+        server = None if row.scenario in OWN_SERVER else shared_server
+        return run_row(row, quick=quick, seed=seed(row), shared_server=server)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chaos-row") as pool:
+        futures = {row: pool.submit(one, row) for row in rows}
+        return {row: future.result() for row, future in futures.items()}
