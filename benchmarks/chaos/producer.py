@@ -36,14 +36,18 @@ PRODUCER_NAME = "chaos-producer"
 
 
 class Budget:
-    """How many messages this process may still try to publish (shared by threads)."""
+    """How many messages this process may still try to publish (shared by threads);
+    none once the file ``stop`` exists."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, stop: Path | None = None) -> None:
         self._left = total
+        self._stop = stop
         self._lock = threading.Lock()
 
     def take(self, n: int) -> int:
-        """Up to ``n`` more; 0 once spent."""
+        """Up to ``n`` more; 0 once spent or told to stop."""
+        if self._stop is not None and self._stop.exists():
+            return 0
         with self._lock:
             got = min(n, self._left)
             self._left -= got
@@ -119,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max", type=int, default=200)
     parser.add_argument("--budget", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop-file", default=None, help="stop once this file exists")
     parser.add_argument("--pause", type=float, default=0.0,
                         help="seconds each thread waits before each call (pacing)")
     parser.add_argument("--with-batch", action="store_true",
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config: dict[str, Any] = json.loads(Path(args.config).read_text())
     out = Ledger(Path(args.ledger)).writer("producer")
-    budget = Budget(args.budget)
+    budget = Budget(args.budget, Path(args.stop_file) if args.stop_file else None)
     with PawnQueue.from_config(config) as pq:
         out.write("ready")
         if args.mode == "batch":

@@ -32,7 +32,10 @@ NAMES: dict[int, str] = {
     1: "faults",
     2: "kills",
     7: "poison",
-    # scenarios 3-6 (helper "scenarios") go here
+    3: "restart",
+    4: "freeze",
+    5: "producer_kills",
+    6: "racing_cas",
 }
 SCENARIOS: dict[int, Scenario] = {n: _lazy(module) for n, module in NAMES.items()}
 #: Scenarios that run at one strategy whatever was asked (6 is about `auto`'s probe).

@@ -140,11 +140,14 @@ def run(settings: ChaosSettings) -> ScenarioResult:
                 misses.append("the new holders' acks did not remove every message taken over")
         finally:
             _end(frozen)
+        results = dict(Counter(str(ev.get("result")) for ev in late))
         return chaos.finish(NAME, scenario=NUMBER, extra_misses=misses, notes={
             "messages": n, "held_by_frozen": len(ids), "frozen_seconds": round(frozen_s, 1),
-            "late_acks": dict(Counter(str(ev.get("result")) for ev in late)),
-            "damaged_by_late_acks": len(damaged), "new_holders_acked": settled,
-            "handled_before_stop": handled,
+            "late_acks": results, "damaged_by_late_acks": len(damaged),
+            "new_holders_acked": settled, "handled_before_stop": handled,
+            "note_late": f"frozen {frozen_s:.0f} s holding {len(ids)}; late acks: "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(results.items()))
+                         + f"; {len(damaged)} deleted or settled by them",
         })
 
 

@@ -69,4 +69,7 @@ def run(settings: ChaosSettings) -> ScenarioResult:
             "pool_fallback_warnings": len(children),
             "stripped_by_probe": stripped_by_probe, "stripped": chaos.proxy.stripped,
             "overlapped": chaos.proxy.overlapped, "handled_before_stop": handled,
+            "note_probe": ("fallback warned" if fallback else "NO fallback warning")
+                          + f" (+{len(children)} in the pool); "
+                          + f"{chaos.proxy.stripped} requests' conditions stripped",
         })
