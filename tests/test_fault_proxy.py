@@ -337,6 +337,48 @@ def test_seaweedfs_restarts_on_its_endpoint_with_its_data_behind_the_proxy(
     assert server.pid is None
 
 
+def test_concurrent_clients_each_get_the_answer_or_their_fault(
+    proxy: FaultProxy, real_s3: S3Server, real_bucket: str
+) -> None:
+    """16 threads PUT under every terminal fault at once: each call fails iff a fault
+    was logged for its key, and an object exists iff its PUT succeeded or only its
+    answer was dropped."""
+    proxy.set_rules([
+        FaultRule("error_500", 0.1), FaultRule("slowdown_503", 0.1), FaultRule("reset", 0.1),
+        FaultRule("read_timeout", 0.1, delay_seconds=0.05), FaultRule("drop_answer", 0.1),
+        FaultRule("delay_request", 0.1, delay_seconds=0.05),
+        FaultRule("delay_answer", 0.1, delay_seconds=0.05),
+    ])
+    proxy.arm()
+    client = make_client(proxy.endpoint_url, Config(
+        retries={"total_max_attempts": 1}, max_pool_connections=16,
+        s3={"addressing_style": "path"},
+    ))
+    outcome: dict[str, bool] = {}
+
+    def put_all(thread: int) -> None:
+        for i in range(20):
+            key = f"c/{thread}/{i}"
+            try:
+                client.put_object(Bucket=real_bucket, Key=key, Body=b"v")
+                outcome[key] = True
+            except (ClientError, BotoCoreError):
+                outcome[key] = False
+
+    threads = [threading.Thread(target=put_all, args=(t,)) for t in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert proxy.requests == len(outcome) == 320
+    terminal = {e.key: e.kind for e in proxy.fault_log() if not e.kind.startswith("delay_")}
+    assert 0 < len(terminal) < 320
+    assert {k for k, ok in outcome.items() if not ok} == set(terminal)
+    listed = real_s3.client().list_objects_v2(Bucket=real_bucket, Prefix="c/", MaxKeys=1000)
+    stored = {o["Key"] for o in listed.get("Contents", [])}
+    assert stored == {k for k, ok in outcome.items() if ok or terminal[k] == "drop_answer"}
+
+
 def test_a_request_held_when_the_proxy_stops_is_never_sent(
     proxy: FaultProxy, real_s3: S3Server, real_bucket: str
 ) -> None:
