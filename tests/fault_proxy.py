@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
+from xml.sax.saxutils import unescape
 
 import attrs
 
@@ -61,6 +63,7 @@ _ERRORS = {
                   "We encountered an internal error. Please try again."),
     "slowdown_503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
+_FIRST_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 #: A fault decided for a request: kind, delay_seconds, when (the proxy's clock).
 _Fault = tuple[str, float, float]
 #: What FaultProxy._forward returns when the server failed after the request was sent.
@@ -80,7 +83,8 @@ class FaultRule:
         default=frozenset(), converter=frozenset,
         validator=lambda _self, _attr, value: _check_methods(value),
     )
-    #: Object-key prefix inside the bucket; a LIST matches on its ``?prefix=``.
+    #: Object-key prefix inside the bucket; a LIST matches on its ``?prefix=``, a
+    #: DeleteObjects on its first key.
     prefix: str = ""
     #: delay_*: the delay; read_timeout: how long to hold before closing unanswered.
     delay_seconds: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
@@ -329,7 +333,7 @@ class FaultProxy:
         """Serve one request on ``conn``; False when the connection is to be closed."""
         path = req.target.split("?", 1)[0]
         self._seen(req.method, path)
-        key = _object_key(req.method, req.target, path)
+        key = _object_key(req, path)
         plan = self._decide(req.method, key, req.has_conditions)
         terminal = next((kind for kind, _, _ in plan if kind in _TERMINAL), None)
         for kind, delay, _ in plan:
@@ -399,10 +403,17 @@ def _parse_upstream(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-def _object_key(method: str, target: str, path: str) -> str:
-    """The object key of a path-style request (bucket stripped); a LIST's ``?prefix=``."""
+def _object_key(req: Request, path: str) -> str:
+    """The object key of a path-style request (bucket stripped); a LIST's ``?prefix=``;
+    a DeleteObjects' first key (one batch is one topic's keys)."""
     _, _, key = unquote(path).lstrip("/").partition("/")
-    if not key and method == "GET" and "?" in target:
-        return parse_qs(target.split("?", 1)[1]).get("prefix", [""])[0]
-    return key
+    if key or "?" not in req.target:
+        return key
+    query = parse_qs(req.target.split("?", 1)[1], keep_blank_values=True)
+    if req.method == "GET":
+        return query.get("prefix", [""])[0]
+    if req.method == "POST" and "delete" in query:
+        found = _FIRST_KEY.search(req.body)
+        return unescape(found.group(1).decode()) if found else ""
+    return ""
 

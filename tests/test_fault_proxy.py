@@ -241,8 +241,13 @@ def test_rules_match_by_method_key_prefix_list_prefix_and_condition(
     assert status_of(s3.list_objects_v2, Bucket=b, Prefix="l/x") == 500  # a LIST's prefix
     assert status_of(s3.list_objects_v2, Bucket=b, Prefix="m/") == 200
     assert status_of(s3.list_objects_v2, Bucket=b) == 200
+    batch = {"Objects": [{"Key": "w/1"}, {"Key": "w/2"}]}
+    assert status_of(s3.delete_objects, Bucket=b, Delete=batch) == 200  # not a PUT
+    proxy.set_rules([FaultRule("error_500", 1.0, prefix="w/")])
+    assert status_of(s3.delete_objects, Bucket=b, Delete=batch) == 500  # its first key
     assert [(e.kind, e.method, e.key) for e in proxy.fault_log()] == [
         ("error_500", "PUT", "w/1"), ("slowdown_503", "PUT", "c/2"), ("error_500", "GET", "l/x"),
+        ("error_500", "POST", "w/1"),
     ]
 
 
