@@ -33,18 +33,24 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
-from urllib.parse import parse_qs, unquote, urlsplit
-from xml.sax.saxutils import unescape
 
 import attrs
 
-from tests.proxy_wire import Answer, ClientConnection, Request, Server, UpstreamGone, resign
+from tests.proxy_wire import (
+    Answer,
+    ClientConnection,
+    Request,
+    Server,
+    UpstreamGone,
+    object_key,
+    parse_upstream,
+    resign,
+)
 from tests.servers import ACCESS_KEY, REGION, SECRET_KEY
 
 __all__ = ["FaultEvent", "FaultKind", "FaultProxy", "FaultRule"]
@@ -63,7 +69,6 @@ _ERRORS = {
                   "We encountered an internal error. Please try again."),
     "slowdown_503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
 }
-_FIRST_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 #: A fault decided for a request: kind, delay_seconds, when (the proxy's clock).
 _Fault = tuple[str, float, float]
 #: What FaultProxy._forward returns when the server failed after the request was sent.
@@ -145,7 +150,7 @@ class FaultProxy:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
-        self._addr = _parse_upstream(upstream)
+        self._addr = parse_upstream(upstream)
         self._rules = tuple(rules)
         self._rng = random.Random(seed)
         self.max_faults = max_faults
@@ -188,7 +193,7 @@ class FaultProxy:
 
     def set_upstream(self, url: str) -> None:
         """Forward to ``url`` from the next request on (open connections reconnect)."""
-        self._addr = _parse_upstream(url)
+        self._addr = parse_upstream(url)
 
     def set_rules(self, rules: Sequence[FaultRule]) -> None:
         with self._lock:
@@ -333,7 +338,7 @@ class FaultProxy:
         """Serve one request on ``conn``; False when the connection is to be closed."""
         path = req.target.split("?", 1)[0]
         self._seen(req.method, path)
-        key = _object_key(req, path)
+        key = object_key(req, path)
         plan = self._decide(req.method, key, req.has_conditions)
         terminal = next((kind for kind, _, _ in plan if kind in _TERMINAL), None)
         for kind, delay, _ in plan:
@@ -394,26 +399,3 @@ class FaultProxy:
 def _check_methods(methods: frozenset[str]) -> None:
     if not methods <= _METHODS:
         raise ValueError(f"methods must be among {sorted(_METHODS)}, not {sorted(methods)}")
-
-
-def _parse_upstream(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
-        raise ValueError(f"upstream must be http://host:port, not {url!r}")
-    return parts.hostname, parts.port
-
-
-def _object_key(req: Request, path: str) -> str:
-    """The object key of a path-style request (bucket stripped); a LIST's ``?prefix=``;
-    a DeleteObjects' first key (one batch is one topic's keys)."""
-    _, _, key = unquote(path).lstrip("/").partition("/")
-    if key or "?" not in req.target:
-        return key
-    query = parse_qs(req.target.split("?", 1)[1], keep_blank_values=True)
-    if req.method == "GET":
-        return query.get("prefix", [""])[0]
-    if req.method == "POST" and "delete" in query:
-        found = _FIRST_KEY.search(req.body)
-        return unescape(found.group(1).decode()) if found else ""
-    return ""
-

@@ -2,7 +2,7 @@
 :mod:`tests.racy_proxy`): a threading TCP server whose connection handler reads requests
 (Content-Length or chunked bodies, ``Expect: 100-continue``), forwards them over one
 keep-alive connection to the server per client connection, and writes answers, S3 XML
-errors, resets and silent closes.
+errors, resets and silent closes; and which object key a request is about.
 
 Hand-rolled rather than ``http.server``: one write per answer, no per-request header
 parsing through ``email``, and full control of how a connection ends. A client that
@@ -12,16 +12,21 @@ goes away mid-answer only ends its own connection.
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import socket
 import struct
 from socketserver import StreamRequestHandler, ThreadingTCPServer
 from typing import Any
-from xml.sax.saxutils import escape
+from urllib.parse import parse_qs, unquote, urlsplit
+from xml.sax.saxutils import escape, unescape
 
 import attrs
 
-__all__ = ["Answer", "ClientConnection", "Request", "Server", "UpstreamGone", "resign"]
+__all__ = [
+    "Answer", "ClientConnection", "Request", "Server", "UpstreamGone", "object_key",
+    "parse_upstream", "resign",
+]
 
 #: Headers that belong to one hop: never forwarded as they came.
 HOP_HEADERS = frozenset(
@@ -33,6 +38,7 @@ CONDITION_HEADERS = ("if-none-match", "if-match")
 #: conditional PUT under load); clients have their own, shorter, read timeouts.
 UPSTREAM_TIMEOUT = 120.0
 _MAX_LINE = 65536
+_FIRST_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 
 
 @attrs.frozen
@@ -320,3 +326,26 @@ def resign(req: Request, credentials: tuple[str, str, str]) -> Request:
     key, secret, region = credentials
     S3SigV4Auth(Credentials(key, secret), "s3", region).add_auth(signed)
     return attrs.evolve(req, headers=tuple(signed.headers.items()))
+
+
+def parse_upstream(url: str) -> tuple[str, int]:
+    """``(host, port)`` of an ``http://host:port`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"upstream must be http://host:port, not {url!r}")
+    return parts.hostname, parts.port
+
+
+def object_key(req: Request, path: str) -> str:
+    """The object key of a path-style request (bucket stripped); a LIST's ``?prefix=``;
+    a DeleteObjects' first key (one batch is one topic's keys)."""
+    _, _, key = unquote(path).lstrip("/").partition("/")
+    if key or "?" not in req.target:
+        return key
+    query = parse_qs(req.target.split("?", 1)[1], keep_blank_values=True)
+    if req.method == "GET":
+        return query.get("prefix", [""])[0]
+    if req.method == "POST" and "delete" in query:
+        found = _FIRST_KEY.search(req.body)
+        return unescape(found.group(1).decode()) if found else ""
+    return ""
