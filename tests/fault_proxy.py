@@ -19,7 +19,8 @@ Faults (:class:`FaultRule` ``kind``):
 seconds (an event, not a sleep) for another request on the same key to be in flight,
 and while two overlap their condition headers are dropped and the requests signed
 again (the server checks signatures), so both succeed; a lone one keeps its headers.
-It is on from ``start()``, armed or not (the capability probe runs first thing).
+It is on from ``start()``, armed or not (the capability probe runs first thing), and
+each request it strips is logged as a :class:`FaultEvent` of kind ``racing_cas``.
 
 Forwarding keeps the client's Host header and signature (SeaweedFS checks SigV4 against
 the proxy's host:port). Each client connection (one thread of the threading server)

@@ -16,6 +16,7 @@ import re
 import select
 import socket
 import struct
+import sys
 from socketserver import StreamRequestHandler, ThreadingTCPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -86,8 +87,6 @@ class Server(ThreadingTCPServer):
     proxy: Any
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
         if not isinstance(sys.exc_info()[1], OSError):
             super().handle_error(request, client_address)
 
