@@ -180,3 +180,27 @@ def test_the_ledger_skips_a_line_cut_short_and_reads_across_files(tmp_path: Path
     with (tmp_path / "b-1.jsonl").open("a") as f:
         f.write('":"w","t":3}\n')
     assert [ev["id"] for ev in tail.new_events()] == ["w"]
+
+
+def test_the_table_goes_between_the_markers_and_rows_survive_json(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.chaos.harness import ScenarioResult
+    from benchmarks.chaos.report import END, START, load_results, render_table, rewrite_doc
+
+    c = counted([pub("a"), pub("b"), *delivery("a", 1, 2)])
+    result = ScenarioResult(scenario=1, name="faults", kind="plain", strategy="csprng_verify",
+                            counts=c, notes={"seconds": 3.0, "faults": {"error_500": 2}},
+                            goals_met=False, misses=["1 lost"])
+    saved = tmp_path / "rows.json"
+    saved.write_text(json.dumps([result.as_dict()], default=str))
+    [loaded] = load_results([saved])
+    assert loaded.counts == c and loaded.misses == ["1 lost"]
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{START}\nold table\n{END}\nafter\n")
+    rewrite_doc(render_table([loaded], quick=False, seed=0), doc)
+    text = doc.read_text()
+    assert "old table" not in text and text.startswith("before\n") and text.endswith("after\n")
+    [row] = [line for line in text.splitlines() if line.startswith("| 1 faults")]
+    assert row.split(" | ")[1:9] == ["csprng_verify", "plain", "2", "1", "0", "0", "1", "0"]
+    assert "500 2" in row and "MISSED: 1 lost" in row

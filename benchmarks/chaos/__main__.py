@@ -17,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.chaos.report import HEADER, render_table, rewrite_doc, row_line
+from benchmarks.chaos.harness import ScenarioResult
+from benchmarks.chaos.report import HEADER, load_results, render_table, rewrite_doc, row_line
 from benchmarks.chaos.suite import KINDS, STRATEGIES, plan, run_row
 from tests.seaweedfs import RestartableSeaweedFS
 
@@ -37,6 +38,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--doc", action=argparse.BooleanOptionalAction, default=None,
                    help="rewrite the table in docs/guarantees.md (default: full run only)")
     p.add_argument("--out", type=Path, default=None, help="results as JSON")
+    p.add_argument("--from-json", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="run nothing: show (and with --doc write) the rows saved by --out")
     args = p.parse_args(argv)
     for kind in args.kinds:
         if kind not in KINDS:
@@ -50,6 +53,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    if args.from_json:
+        results = load_results(args.from_json)
+        print(HEADER)
+        for result in results:
+            print(row_line(result))
+        return _conclude(args, results)
     rows = plan(only=args.only, kinds=args.kinds, strategies=args.strategies)
     print(HEADER, flush=True)
     results = []
@@ -65,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.out is not None:  # after each row: an interrupted run keeps its rows
                 args.out.write_text(json.dumps([r.as_dict() for r in results], indent=1,
                                                default=str))
-    if args.doc if args.doc is not None else not args.quick:
+    return _conclude(args, results)
+
+
+def _conclude(args: argparse.Namespace, results: list[ScenarioResult]) -> int:
+    """Write the doc table if asked, say each miss; the exit status."""
+    if args.doc if args.doc is not None else not (args.quick or args.from_json):
         rewrite_doc(render_table(results, quick=args.quick, seed=args.seed))
     failed = [r for r in results if not r.goals_met]
     for r in failed:

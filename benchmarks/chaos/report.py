@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chaos.accounting import Counts
 from benchmarks.chaos.harness import ScenarioResult
 
-__all__ = ["DOC", "END", "START", "render_table", "rewrite_doc", "row_line"]
+__all__ = ["DOC", "END", "START", "load_results", "render_table", "rewrite_doc", "row_line"]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "guarantees.md"
 START = "<!-- chaos-table-start -->"
@@ -89,3 +91,13 @@ def rewrite_doc(table: str, doc: Path = DOC) -> None:
         raise ValueError(f"{doc} has no {START} ... {END} markers")
     text = text[:start + len(START)] + "\n" + table + "\n" + text[end:]
     doc.write_text(text)
+
+
+def load_results(paths: Sequence[Path]) -> list[ScenarioResult]:
+    """Rows saved with ``--out`` (several runs' files, in order), to render them again."""
+    results: list[ScenarioResult] = []
+    for path in paths:
+        for item in json.loads(Path(path).read_text()):
+            counts = Counts(**item.pop("counts"))
+            results.append(ScenarioResult(counts=counts, **item))
+    return results
