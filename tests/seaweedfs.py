@@ -54,6 +54,7 @@ from tests.weed_process import (
 __all__ = [
     "RestartableSeaweedFS",
     "ServerStartError",
+    "StartRecord",
     "pick_seaweedfs_base_port",
     "seaweedfs_identities",
     "start_seaweedfs",
@@ -285,6 +286,18 @@ def start_seaweedfs(
     return running.handle(lambda: running.stop(stop_timeout))
 
 
+@attrs.frozen
+class StartRecord:
+    """How one start of a :class:`RestartableSeaweedFS` went: seconds before the launch
+    that served (ports still busy, earlier launches that exited), seconds from that
+    launch until S3 served, and how many ``weed`` launches it took."""
+
+    again: bool
+    ports_wait: float
+    ready: float
+    launches: int
+
+
 class RestartableSeaweedFS:
     """A ``weed mini`` that can be stopped (gracefully or SIGKILL) and started again on
     the same ports with the same data directory, for the chaos suite.
@@ -293,7 +306,7 @@ class RestartableSeaweedFS:
     ``start_again()`` waits for the old ports to be free (a dying server may hold them
     a moment) and never moves, so clients and proxies keep their endpoint. Both return
     once a real S3 round trip works. Used as a context manager it starts on entry and
-    stops on exit.
+    stops on exit. ``starts`` records how long each start took (:class:`StartRecord`).
     """
 
     def __init__(
@@ -311,6 +324,7 @@ class RestartableSeaweedFS:
         self._running: _Running | None = None
         self._base: int | None = None
         self._server: S3Server | None = None
+        self.starts: list[StartRecord] = []
 
     def __repr__(self) -> str:
         return f"RestartableSeaweedFS(workdir={str(self.workdir)!r}, base={self._base})"
@@ -337,8 +351,10 @@ class RestartableSeaweedFS:
             return self._server
         if self._base is not None:
             return self.start_again()
+        began = time.monotonic()
         running = _start_on_free_ports(self.workdir, self.ready_timeout, self.stop_timeout, 5)
         self._base, self.data_dir = running.base, running.data_dir
+        self.starts.append(StartRecord(False, 0.0, time.monotonic() - began, 1))
         return self._serve(running)
 
     def start_again(self) -> S3Server:
@@ -347,13 +363,19 @@ class RestartableSeaweedFS:
             raise RuntimeError("start() first: there are no ports to start again on")
         if self.running:
             raise RuntimeError(f"SeaweedFS is still running (pid {self.pid})")
-        deadline = time.monotonic() + self.ready_timeout
+        began = time.monotonic()
+        deadline = began + self.ready_timeout
         failures: list[str] = []
         while True:
             if all(port_free(port) for port in seaweedfs_ports(self._base)):
+                launched = time.monotonic()
                 running = _launch(self.workdir, self.data_dir, self._base)
                 failure = _serving(running, deadline, self.stop_timeout)
                 if failure is None:
+                    ready = time.monotonic()
+                    record = StartRecord(True, launched - began, ready - launched,
+                                         len(failures) + 1)
+                    self.starts.append(record)
                     return self._serve(running)
                 failures.append(failure)
             if time.monotonic() >= deadline:

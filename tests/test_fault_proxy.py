@@ -339,6 +339,9 @@ def test_seaweedfs_restarts_on_its_endpoint_with_its_data_behind_the_proxy(
                 client.put_object(Bucket="kept", Key=f"after-{graceful}", Body=b"")
             listed = client.list_objects_v2(Bucket="kept")["Contents"]
             assert sorted(o["Key"] for o in listed) == ["a", "after-False", "after-True"]
+        assert [(start.again, start.launches >= 1) for start in server.starts] == [
+            (False, True), (True, True), (True, True)
+        ]
     assert server.pid is None
 
 
