@@ -101,20 +101,25 @@ def run(settings: ChaosSettings) -> ScenarioResult:
                 (gate / f"{ident}.hold").touch()
             chaos.start_pool(env={"CHAOS_GATE_DIR": str(gate)})
             # the pool takes every held message over once the frozen leases are stale
-            taken: set[str] = set()
+            taken: dict[str, int] = {}  # id -> the delivery count the pool saw first
             tail = LedgerTail(chaos.ledger.dir)
 
             def all_taken() -> bool:
-                taken.update(ev["id"] for ev in tail.new_events()
-                             if ev.get("e") == "start" and ev.get("id") in ids
-                             and ev.get("pid") != frozen.pid)
-                return taken >= ids
+                for ev in tail.new_events():
+                    if (ev.get("e") == "start" and ev.get("id") in ids
+                            and ev.get("pid") != frozen.pid):
+                        taken.setdefault(ev["id"], int(ev.get("delivery_count") or 0))
+                return taken.keys() >= ids
 
             limit = 4 * settings.visibility_timeout + 90
             if not wait_for(all_taken, limit):
                 misses.append(f"the pool took over {len(taken)} of {len(ids)} frozen messages "
                               f"in {limit:.0f} s")
             frozen_s = time.monotonic() - stopped_at
+            uncounted = {i: c for i, c in taken.items() if c < 2}
+            if uncounted:  # the frozen delivery must count (delivery_count >= 2 after it)
+                misses.append(f"{len(uncounted)} taken over with delivery_count < 2: "
+                              f"{dict(list(uncounted.items())[:3])}")
             # the late acks, while the new holders hold the messages (the gates are shut)
             go.touch()
             os.kill(frozen.pid, signal.SIGCONT)
@@ -134,7 +139,7 @@ def run(settings: ChaosSettings) -> ScenarioResult:
                               f"settled: {dict(list(damaged.items())[:3])}")
             for ident in ids:
                 (gate / f"{ident}.hold").unlink()
-            handled = chaos.wait_handled(ids, timeout=120)
+            handled = chaos.wait_handled(chaos.published_ids(), timeout=120)
             settled = wait_for(lambda: all(_settled(store, h) for h in held), 60)
             if not settled:
                 misses.append("the new holders' acks did not remove every message taken over")
