@@ -38,6 +38,8 @@ CONDITION_HEADERS = ("if-none-match", "if-match")
 #: Seconds to wait for the server's answer (SeaweedFS can take seconds on a losing
 #: conditional PUT under load); clients have their own, shorter, read timeouts.
 UPSTREAM_TIMEOUT = 120.0
+#: Seconds to wait for a connection to the server (refused at once when it is down).
+CONNECT_TIMEOUT = 5.0
 _MAX_LINE = 65536
 _FIRST_KEY = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)
 
@@ -143,9 +145,10 @@ class Upstream:
     def __init__(self, addr: tuple[str, int]) -> None:
         self.addr = addr
         try:
-            self.sock = socket.create_connection(addr, timeout=UPSTREAM_TIMEOUT)
+            self.sock = socket.create_connection(addr, timeout=CONNECT_TIMEOUT)
         except OSError:
             raise UpstreamGone(sent=False) from None
+        self.sock.settimeout(UPSTREAM_TIMEOUT)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.rfile = self.sock.makefile("rb")
         self._poller = select.poll()
