@@ -12,10 +12,13 @@ and connects once to the store, checking the topics (``RET_CONNECT`` / ``RET_CON
 Then it supervises: a child that dies unexpectedly is restarted after a backoff that
 doubles with consecutive crashes (logged and counted in ``restarts``); its leases
 expire and other workers take its messages. A child that dies before its first
-successful poll failed to start (its handler import or store connection fails in the
-child although it worked in the parent); after ``max_start_failures``
+successful poll failed to start (its handler import fails in the child although it
+worked in the parent); after ``max_start_failures``
 (:data:`MAX_START_FAILURES`) such failures in a row at one position the pool gives up:
-it stops the other workers gracefully and returns ``RET_START_FAILED``.
+it stops the other workers gracefully and returns ``RET_START_FAILED``. A child that
+cannot reach the store (``RET_CONNECT``), which the parent reached, meets an outage (a
+server restarting): it is restarted with the back-off until the store is back, never
+given up on.
 
 The first SIGTERM/SIGINT is relayed to the children as a graceful stop (they finish
 in-flight handlers, release unstarted messages, flush acks); a second one, or children
@@ -66,6 +69,7 @@ from .common import (
     _SIGNALS,
     KILL_GRACE_S,
     MAX_START_FAILURES,
+    RET_CONNECT,
     RET_KILLED,
     RET_OK,
     RET_START_FAILED,
@@ -348,8 +352,8 @@ class WorkerPool:
             lived = now - slot.started_at
             if slot.ready is not None and slot.ready.value:
                 slot.start_failures = 0
-            else:
-                slot.start_failures += 1
+            elif proc.exitcode != RET_CONNECT:  # unreachable: the store the supervisor
+                slot.start_failures += 1        # reached is down, retried with the back-off
                 if slot.start_failures >= self._max_start_failures:
                     log.error(
                         "worker %d (pid %s) failed to start %d time(s) in a row (exit code "
