@@ -64,7 +64,7 @@ def run(settings: ChaosSettings) -> ScenarioResult:
     with ChaosRun(settings) as chaos:
         chaos.queue()  # the probe, before anything goes down
         chaos.server.stop_timeout = GRACEFUL_STOP_SECONDS
-        chaos.start_pool()
+        pool = chaos.start_pool()
         stop = chaos.run_dir / "producer.stop"
         producer = spawn(chaos, "producer", "--topic", chaos.topic,
                          *_producer_args(settings, n, stop))
@@ -115,12 +115,18 @@ def run(settings: ChaosSettings) -> ScenarioResult:
                 producer.kill()
                 producer.wait()
         ids = chaos.published_ids()
+        if not pool.alive():  # it gave up during an outage (fixed: workers.pool, RET_CONNECT)
+            misses.append(f"the worker pool exited during the run (status {pool.proc.poll()})")
+        restarted = sum(line.count("died unexpectedly")
+                        for log in chaos.run_dir.glob("pool-*.log")
+                        for line in log.read_text(errors="replace").splitlines())
         handled_all = chaos.wait_handled(ids, timeout=max(120.0, 4 * settings.visibility_timeout
                                                           + 60))
         failed = sum(1 for ev in chaos.ledger.events() if ev.get("e") == "pubfail")
         said = ", ".join(_said(r) for r in restarts)
         return chaos.finish(NAME, scenario=NUMBER, extra_misses=misses, notes={
             "budget": n, "restarts": restarts, "handled_before_stop": handled_all,
+            "pool_child_restarts": restarted,
             "pubfail": failed,
             "note_restarts": f"restarts: {said}; {failed} publishes failed while down",
         })
