@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos.ledger import Ledger, LedgerWriter
-from pawn_queue_sync import PawnQueue, PublishError
+from pawn_queue_sync import PawnQueue
 
 #: The producer's registered name (one id for every producer process of a run).
 PRODUCER_NAME = "chaos-producer"
@@ -55,13 +55,14 @@ class Budget:
 
 
 def _record_failure(out: LedgerWriter, ids: list[str], exc: BaseException) -> None:
-    """``pub`` for what a PublishError says was written, ``pubfail`` for the rest."""
-    written = set(getattr(exc, "published_ids", None) or ())
-    for mid in ids:
-        if mid in written:
-            out.write("pub", id=mid)
-        else:
+    """``pub`` for the ids a PublishError's ``failed_indices`` leave out (positions in
+    ``ids``), ``pubfail`` for the rest (all of them for any other error)."""
+    failed = set(getattr(exc, "failed_indices", None) or range(len(ids)))
+    for k, mid in enumerate(ids):
+        if k in failed:
             out.write("pubfail", id=mid, error=type(exc).__name__)
+        else:
+            out.write("pub", id=mid)
 
 
 def _batches(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
@@ -78,15 +79,6 @@ def _batches(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
         out.write("pubtry", ids=ids)
         try:
             mids = producer.publish_batch(topic, [{"id": i, "n": k} for k, i in enumerate(ids)])
-        except PublishError as exc:
-            # published_ids are message ids: map them to payload ids by position
-            failed = set(getattr(exc, "failed_indices", ()))
-            for k, mid in enumerate(ids):
-                if k in failed:
-                    out.write("pubfail", id=mid, error="PublishError")
-                else:
-                    out.write("pub", id=mid)
-            continue
         except Exception as exc:  # recorded: the ledger is the report
             _record_failure(out, ids, exc)
             continue
