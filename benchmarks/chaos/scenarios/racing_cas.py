@@ -71,5 +71,6 @@ def run(settings: ChaosSettings) -> ScenarioResult:
             "overlapped": chaos.proxy.overlapped, "handled_before_stop": handled,
             "note_probe": ("fallback warned" if fallback else "NO fallback warning")
                           + f" (+{len(children)} in the pool); "
-                          + f"{chaos.proxy.stripped} requests' conditions stripped",
+                          + f"{chaos.proxy.stripped} requests' conditions stripped "
+                          + f"({1 + len(children)} probes race 20 each)",
         })
