@@ -44,6 +44,9 @@ def notes_text(result: ScenarioResult) -> str:
     for key in ("poison", "wrong_shape"):
         if n.get(key):
             parts.append(f"{n[key]} {key.replace('_', ' ')}")
+    if n.get("handled_before_stop") is False:
+        parts.append("the pool was stopped at the scenario's time limit with messages "
+                     "unhandled: the sweep handled them (left)")
     if result.counts.unconfirmed:
         parts.append(f"{result.counts.unconfirmed} unconfirmed publishes delivered")
     explained = (n.get("overlap_delays") or {}).get("explained") or {}
