@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 def _conclude(args: argparse.Namespace, results: list[ScenarioResult]) -> int:
     """Write the doc table if asked, say each miss; the exit status."""
     if args.doc if args.doc is not None else not (args.quick or args.from_json):
-        rewrite_doc(render_table(results, quick=args.quick, seed=args.seed))
+        source = ", ".join(str(path) for path in args.from_json) if args.from_json else None
+        rewrite_doc(render_table(results, quick=args.quick, seed=args.seed, source=source))
     failed = [r for r in results if not r.goals_met]
     for r in failed:
         print(f"MISSED {r.scenario} {r.name} {r.strategy} {r.kind}: {'; '.join(r.misses)}",

@@ -73,12 +73,17 @@ def row_line(result: ScenarioResult) -> str:
     )
 
 
-def render_table(results: Sequence[ScenarioResult], *, quick: bool, seed: int) -> str:
+def render_table(results: Sequence[ScenarioResult], *, quick: bool, seed: int,
+                 source: str | None = None) -> str:
+    """The table with a line saying where its figures come from (``source``: the saved
+    rows it was rendered from, else this run)."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     run = "`python -m benchmarks.chaos --quick`" if quick else "`python -m benchmarks.chaos`"
+    origin = f"{run} (rows saved with `--out` in {source})" if source else f"{run} (seed {seed})"
     lines = [
-        f"Figures of {run} (seed {seed}), {when}, on a {os.cpu_count()}-core machine "
-        "shared with other work (seconds are not a benchmark):",
+        f"Figures of {origin},",
+        f"rendered {when}, on a {os.cpu_count()}-core machine shared with other work "
+        "(seconds are not a benchmark):",
         "",
         HEADER,
         *(row_line(r) for r in results),
