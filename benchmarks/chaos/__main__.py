@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.from_json:
-        results = load_results(args.from_json)
+        order = {"plain": 0, "packed": 1}
+        results = sorted(load_results(args.from_json),
+                         key=lambda r: (r.scenario, order.get(r.kind, 2), r.strategy))
         print(HEADER)
         for result in results:
             print(row_line(result))
