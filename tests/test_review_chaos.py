@@ -187,6 +187,7 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="workers.pool restarts a RET_CONNECT child forever, "
                    "also when the error is permanent (bucket gone, access denied)")
 def test_a_pool_gives_up_when_its_bucket_is_gone_for_good(
