@@ -87,11 +87,22 @@ class StorageError(PawnQueueError):
     """The object store failed or answered something unusable.
 
     ``key`` names the object concerned, when there is one; the message describes the
-    underlying error briefly and never contains credentials.
+    underlying error briefly and never contains credentials. ``transient`` is True when
+    the store did not answer (connection refused or reset, timeouts) or answered a
+    server error (5xx, SlowDown) after every retry: an outage that may pass, unlike a
+    missing bucket or refused credentials (a worker pool restarts a child that meets
+    the first until the store is back, and gives up on the second).
     """
 
-    def __init__(self, message: str, *, key: str | None = None) -> None:
+    #: the default of the class (an outage that may pass, or not); see the docstring
+    transient: bool = False
+
+    def __init__(
+        self, message: str, *, key: str | None = None, transient: bool | None = None
+    ) -> None:
         self.key = key
+        if transient is not None:
+            self.transient = transient
         super().__init__(message if key is None else f"{message} (key={key!r})")
 
 
@@ -138,6 +149,8 @@ class StoreNotPortable(PawnQueueError, TypeError):
 class DeadlineExceeded(StorageError):
     """A request's deadline passed before it got an answer: no attempt was sent after
     the deadline, but one sent before it may still have been applied by the server."""
+
+    transient = True
 
 
 class ProbeError(StorageError):

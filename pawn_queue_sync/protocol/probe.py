@@ -102,7 +102,8 @@ def probe(store: Store, *, rounds: int = ROUNDS, racers: int = RACERS) -> ProbeR
                 raise _denied(exc, where) from None
             except StorageError as exc:
                 _cleanup_quietly(store, key)
-                raise ProbeError(f"capability probe failed on {where}: {exc}") from None
+                raise ProbeError(f"capability probe failed on {where}: {exc}",
+                                 transient=exc.transient) from None
             except BaseException:
                 _cleanup_quietly(store, key)
                 raise
@@ -193,7 +194,8 @@ def _denied(exc: StoreUnavailable, where: str) -> StoreUnavailable:
     (AccessDenied), say that the queue must write."""
     text = str(exc)
     if "AccessDenied" not in text:  # unreachable, wrong secret, no bucket: as it is
-        return StoreUnavailable(f"capability probe on {where} failed: {text}")
+        return StoreUnavailable(f"capability probe on {where} failed: {text}",
+                                transient=exc.transient)
     return StoreUnavailable(
         f"capability probe: access denied by {where} ({text}); the credentials may "
         "not write: read-only credentials (or a policy without PutObject/DeleteObject) "
@@ -212,7 +214,8 @@ def _remove(store: Store, key: str, where: str) -> None:
             return
         except StorageError as exc:
             last = exc
-    raise ProbeError(f"could not remove probe object {key} on {where}: {last}")
+    raise ProbeError(f"could not remove probe object {key} on {where}: {last}",
+                     transient=last is not None and last.transient)
 
 
 def _cleanup_quietly(store: Store, key: str) -> None:

@@ -28,6 +28,7 @@ from .common import (
     RET_CONNECT,
     RET_IMPORT,
     RET_KILLED,
+    RET_STORE_DOWN,
     HandlerImportError,
     arm,
     import_handler,
@@ -120,11 +121,12 @@ def _child_main(spec: _ChildSpec, ready: Any = None, stopping: Any = None,
         sys.exit(RET_IMPORT)
     try:
         pq = PawnQueue(load_config(spec.config)).setup()
+        consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
     except (StorageError, OSError) as exc:
         log.error("worker %s: cannot reach the store: %s", name, exc)
-        sys.exit(RET_CONNECT)
+        transient = isinstance(exc, StorageError) and exc.transient
+        sys.exit(RET_STORE_DOWN if transient else RET_CONNECT)
     try:
-        consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
         # The listener's own signal handlers make its self-pipe the wakeup fd: a signal
         # handed to another thread of ours still wakes the main thread's wait (without
         # it Ctrl-C, SIGINT and the supervisor's SIGTERM at once, was mostly missed).

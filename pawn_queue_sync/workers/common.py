@@ -38,6 +38,10 @@ RET_CONFIG = 4
 #: Workers kept failing to start (``max_start_failures`` in a row at one position, each
 #: dying before its first successful poll): the pool gave up.
 RET_START_FAILED = 6
+#: A child's exit only (never the pool's): the store did not answer, or answered a
+#: server error, at the child's start (``StorageError.transient``): an outage, which
+#: the supervisor waits out with the back-off instead of counting a start failure.
+RET_STORE_DOWN = 7
 
 #: Default ``max_start_failures``: consecutive start failures of one worker position
 #: after which the pool gives up (``RET_START_FAILED``) instead of restarting forever.

@@ -16,9 +16,11 @@ successful poll failed to start (its handler import fails in the child although 
 worked in the parent); after ``max_start_failures``
 (:data:`MAX_START_FAILURES`) such failures in a row at one position the pool gives up:
 it stops the other workers gracefully and returns ``RET_START_FAILED``. A child that
-cannot reach the store (``RET_CONNECT``), which the parent reached, meets an outage (a
-server restarting): it is restarted with the back-off until the store is back, never
-given up on.
+met an outage at its start (no answer, or a server error after every retry:
+``StorageError.transient``, the child's exit ``RET_STORE_DOWN``), of a store the parent
+reached (a server restarting), is restarted with the back-off until the store is back
+and not counted; a store that refuses the child for good (bucket gone, credentials
+revoked: ``RET_CONNECT``) counts as a start failure like any other.
 
 The first SIGTERM/SIGINT is relayed to the children as a graceful stop (they finish
 in-flight handlers, release unstarted messages, flush acks); a second one, or children
@@ -69,10 +71,10 @@ from .common import (
     _SIGNALS,
     KILL_GRACE_S,
     MAX_START_FAILURES,
-    RET_CONNECT,
     RET_KILLED,
     RET_OK,
     RET_START_FAILED,
+    RET_STORE_DOWN,
     child_consumer_name,
     request_stop,
 )
@@ -352,8 +354,8 @@ class WorkerPool:
             lived = now - slot.started_at
             if slot.ready is not None and slot.ready.value:
                 slot.start_failures = 0
-            elif proc.exitcode != RET_CONNECT:  # unreachable: the store the supervisor
-                slot.start_failures += 1        # reached is down, retried with the back-off
+            elif proc.exitcode != RET_STORE_DOWN:  # an outage: waited out with the back-off
+                slot.start_failures += 1
                 if slot.start_failures >= self._max_start_failures:
                     log.error(
                         "worker %d (pid %s) failed to start %d time(s) in a row (exit code "

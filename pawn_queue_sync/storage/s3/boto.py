@@ -89,7 +89,8 @@ class BotoTransport:
                     f"{op}: no answer by the deadline ({type(exc).__name__})", key=key
                 ) from None
             raise StoreUnavailable(
-                f"{op} failed: {type(exc).__name__}: {self._errors.mask(str(exc))}", key=key
+                f"{op} failed: {type(exc).__name__}: {self._errors.mask(str(exc))}", key=key,
+                transient=True,
             ) from None
         except StorageError:
             raise
@@ -164,7 +165,8 @@ class BotoTransport:
         try:
             body = resp["Body"].read()
         except Exception as exc:
-            raise StorageError(f"reading body failed: {type(exc).__name__}", key=key) from None
+            raise StorageError(f"reading body failed: {type(exc).__name__}", key=key,
+                               transient=True) from None
         finally:
             resp["Body"].close()
         return GetResult(

@@ -43,7 +43,7 @@ class FastTransport:
             raise DeadlineExceeded(f"{op}: {self._errors.mask(str(exc))}", key=key) from None
         except WireUnavailable as exc:
             raise StoreUnavailable(
-                f"{op} failed: {self._errors.mask(str(exc))}", key=key
+                f"{op} failed: {self._errors.mask(str(exc))}", key=key, transient=True
             ) from None
         except StorageError:
             raise

@@ -19,6 +19,10 @@ __all__ = ["Page", "Transport", "Translator"]
 
 _CONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+#: Error codes of a server that is overloaded or failing for now (whatever the status)
+_OUTAGE_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+)
 _AUTH_CODES = frozenset(
     {
         "AccessDenied",
@@ -92,4 +96,7 @@ class Translator:
             return StoreUnavailable(
                 f"{op}: access denied by {self.describe()} ({code}); check credentials", key=key
             )
-        return StorageError(f"{op} failed: {code or status} {text}".rstrip(), key=key)
+        return StorageError(
+            f"{op} failed: {code or status} {text}".rstrip(), key=key,
+            transient=status.startswith("5") or code in _OUTAGE_CODES,
+        )
