@@ -358,6 +358,13 @@ def test_csprng_batch_costs_about_two_requests_per_message(site):
     assert len(delivered) == len(set(delivered)) == 60
     ops = store.by_op()
     heads = ops.pop("head", 0)  # only if a poll took longer than jitter_min: none here
+    # A poll whose lease listing is older than jitter_min_ms by its PUTs renews it with
+    # one LIST (docs/guarantees.md, batch claims): on a loaded machine (the fresh-clone
+    # CI, 21 LISTs: one renewal in each of the 3 polls) that is the machine, not the
+    # protocol; at most one a poll.
+    renewals = ops["list"] - (3 * 5 + 2 + 1)
+    assert 0 <= renewals <= 3, (ops, heads)
+    ops["list"] -= renewals
     assert ops == Counter({"list": 3 * 5 + 2 + 1, "put": 60, "get": 60, "delete_many": 6}), (
         ops, heads)
     assert heads <= 60
