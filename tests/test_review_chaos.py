@@ -159,8 +159,6 @@ def test_finish_judges_every_csprng_overlap_not_only_the_first_twenty() -> None:
     assert not result.goals_met, "5 overlaps with no delay were never judged"
 
 
-@pytest.mark.xfail(strict=True, reason="the quick rows run scenario 4 (the only one that "
-                   "checks fenced acks) on packed topics only")
 def test_the_quick_rows_check_late_acks_on_plain_topics_too() -> None:
     """Mutation: plain acks with no fence (``_ack_fenced`` treats every lease as fresh,
     ``_delete_acked`` sends no deadline), so a consumer frozen past its visibility
