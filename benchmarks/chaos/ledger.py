@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Ledger", "LedgerTail", "LedgerWriter", "read_events"]
+__all__ = ["Ledger", "LedgerTail", "LedgerWriter", "expand", "failed_positions",
+           "read_events", "record_publish"]
 
 
 class LedgerWriter:
@@ -54,6 +55,40 @@ class Ledger:
         return read_events(self.dir)
 
 
+def failed_positions(exc: BaseException, n: int) -> set[int]:
+    """Which of the ``n`` payloads of a publish call that raised ``exc`` were not
+    published. A PublishError of ``publish_batch`` lists them in ``failed_indices``
+    (positions, input order; the others were written); any other error, or one without
+    that list, may have published none of them: all ``n``."""
+    indices = getattr(exc, "failed_indices", None)
+    return set(range(n)) if indices is None else set(indices)
+
+
+def record_publish(writer: LedgerWriter, ids: list[str],
+                   exc: BaseException | None = None) -> None:
+    """Record one publish call of ``ids``: ONE ``pub`` line {ids} for those published
+    (so a kill cannot cut the record of a returned call in the middle), then
+    ``pubfail`` per id the call did not publish (``exc``: what it raised)."""
+    failed = failed_positions(exc, len(ids)) if exc is not None else set()
+    published = [mid for k, mid in enumerate(ids) if k not in failed]
+    if published:
+        writer.write("pub", ids=published)
+    for k in sorted(failed):
+        writer.write("pubfail", id=ids[k], error=type(exc).__name__)
+
+
+#: Events that may carry ``ids`` (one line for many ids) instead of one ``id``.
+_MULTI = frozenset({"pub", "pubfail"})
+
+
+def expand(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """An event carrying ``ids`` as one event per id (``id`` set); any other as is."""
+    if event.get("e") not in _MULTI or "ids" not in event:
+        return [event]
+    base = {k: v for k, v in event.items() if k != "ids"}
+    return [{**base, "id": mid} for mid in event["ids"]]
+
+
 def _parse(line: str) -> dict[str, Any] | None:
     """One event, or None for a line cut short by a kill (or otherwise unreadable)."""
     try:
@@ -66,13 +101,14 @@ def _parse(line: str) -> dict[str, Any] | None:
 
 
 def read_events(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every readable event of every file in ``directory``, sorted by time."""
+    """Every readable event of every file in ``directory``, sorted by time (a ``pub``
+    or ``pubfail`` with ``ids``, one per id: see :func:`expand`)."""
     events: list[dict[str, Any]] = []
     for path in sorted(Path(directory).glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             event = _parse(line)
             if event is not None:
-                events.append(event)
+                events.extend(expand(event))
     events.sort(key=lambda ev: ev["t"])
     return events
 
@@ -85,7 +121,8 @@ class LedgerTail:
         self._offsets: dict[Path, int] = {}
 
     def new_events(self) -> list[dict[str, Any]]:
-        """Complete lines appended since the last call, in file order."""
+        """Complete lines appended since the last call, in file order (expanded as by
+        :func:`read_events`)."""
         events: list[dict[str, Any]] = []
         for path in sorted(self.dir.glob("*.jsonl")):
             start = self._offsets.get(path, 0)
@@ -97,5 +134,5 @@ class LedgerTail:
             for line in data[:end].decode("utf-8", errors="replace").splitlines():
                 event = _parse(line)
                 if event is not None:
-                    events.append(event)
+                    events.extend(expand(event))
         return events

@@ -18,6 +18,7 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from benchmarks.chaos.ledger import LedgerWriter
@@ -68,9 +69,11 @@ class PoolHandle:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill_child(self, rng: random.Random) -> int | None:
-        """SIGKILL one worker child chosen by ``rng``; its pid, or None if none runs."""
-        pids = self.child_pids()
+    def kill_child(self, rng: random.Random,
+                   among: Collection[int] | None = None) -> int | None:
+        """SIGKILL one worker child chosen by ``rng`` (only among the pids ``among``
+        when given); its pid, or None if none runs."""
+        pids = [p for p in self.child_pids() if among is None or p in among]
         if not pids:
             return None
         victim = rng.choice(pids)
