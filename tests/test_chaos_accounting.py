@@ -74,11 +74,23 @@ def test_duplicates_after_the_lease_expired_are_twice_but_not_while_live() -> No
 
 
 def test_a_second_start_inside_a_live_lease_is_a_definite_overlap() -> None:
-    events = [pub("a"), *delivery("a", 1, 5, pid=1), *delivery("a", 3, 4, pid=2)]
+    # the first handler raised at 5: the message was given back then, so live until 5
+    events = [pub("a"), *delivery("a", 1, 5, pid=1, outcome="raised"),
+              *delivery("a", 3, 4, pid=2)]
     c = counted(events)
     assert (c.delivered_twice, c.twice_while_live) == (1, 1)
     [o] = c.details["overlaps"]
     assert (o["id"], o["first_start"], o["second_start"], o["live_until"]) == ("a", 1, 3, 5)
+
+
+def test_an_ok_handler_keeps_its_lease_until_the_ack_not_until_its_end() -> None:
+    # returned ok at 2 (lease written at 1): live until 1 + 10 - 1.5 = 9.5, not 2
+    events = [pub("a"), *delivery("a", 1, 2, pid=1), *delivery("a", 9, 10, pid=2)]
+    c = counted(events)
+    [o] = c.details["overlaps"]
+    assert (c.twice_while_live, o["live_until"]) == (1, 9.5)
+    later = [pub("a"), *delivery("a", 1, 2, pid=1), *delivery("a", 9.6, 10, pid=2)]
+    assert counted(later).twice_while_live == 0
 
 
 def test_a_refresh_extends_the_live_window_to_the_last_lease_write() -> None:
@@ -167,6 +179,22 @@ def test_csprng_overlaps_are_explained_only_by_long_enough_delays_on_their_keys(
     assert len(misses) == 1 and "['b']" in misses[0], misses
 
 
+def test_a_packed_overlap_is_explained_only_by_a_delay_on_its_own_segment() -> None:
+    mine = ["t/segments/s1.seg", "t/segment-leases/s1.lease"]
+    events = [pub("m"),
+              *({**ev, "keys": mine} if ev["e"] == "start" else ev
+                for ev in delivery("m", 100, 103, pid=1, outcome="raised")),
+              *({**ev, "keys": mine} if ev["e"] == "start" else ev
+                for ev in delivery("m", 101, 102, pid=2))]
+    [o] = counted(events).details["overlaps"]
+    assert list(o["keys"]) == mine
+    other = Fault(99.0, "delay_request", "t/segment-leases/s2.lease", 2.0)
+    own = Fault(99.5, "delay_answer", "t/segment-leases/s1.lease", 0.5)
+    assert explain_overlaps([o], [other], jitter_min_ms=100)["unexplained"] == ["m"]
+    assert explain_overlaps([o], [other, own], jitter_min_ms=100) == {
+        "explained": {"m": [0.5]}, "unexplained": []}
+
+
 def test_the_ledger_skips_a_line_cut_short_and_reads_across_files(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path)
     writer = ledger.writer("a")
@@ -204,3 +232,34 @@ def test_the_table_goes_between_the_markers_and_rows_survive_json(tmp_path: Path
     [row] = [line for line in text.splitlines() if line.startswith("| 1 faults")]
     assert row.split(" | ")[1:9] == ["csprng_verify", "plain", "2", "1", "0", "0", "1", "0"]
     assert "500 2" in row and "MISSED: 1 lost" in row
+
+
+def _waiting_run(tmp_path: Path, pending: list[int]) -> Any:
+    """A ChaosRun with only what ``wait_handled`` uses: a ledger, settings, and a topic
+    whose pending counts are ``pending`` in turn (the last one then)."""
+    from benchmarks.chaos.harness import ChaosRun, ChaosSettings
+
+    run = ChaosRun.__new__(ChaosRun)
+    run.settings = ChaosSettings(kind="plain", strategy="conditional_write", messages=0,
+                                 quick=True)
+    run.ledger, run.notes = Ledger(tmp_path), {}
+    run.remaining = lambda: pending.pop(0) if len(pending) > 1 else pending[0]
+    return run
+
+
+def test_the_wait_gives_up_when_the_pool_handles_nothing_not_at_a_fixed_time(
+        tmp_path: Path) -> None:
+    run = _waiting_run(tmp_path, [0])
+    assert run.wait_handled(["a"], stall_seconds=0.5) is False
+    assert run.notes["stalled_seconds"] == 0.5
+
+
+def test_the_wait_lasts_until_the_topic_is_drained_not_only_every_id_handled(
+        tmp_path: Path) -> None:
+    # "a" was handled ok, but its ack was lost: the topic holds it until it comes back
+    writer = Ledger(tmp_path).writer("worker")
+    writer.write("end", id="a", outcome="ok")
+    run = _waiting_run(tmp_path, [1, 1, 0])
+    assert run.wait_handled(["a"], stall_seconds=30) is True
+    assert run.remaining() == 0 and "stalled_seconds" not in run.notes
+    writer.close()

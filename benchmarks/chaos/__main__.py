@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -50,7 +51,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: unwinds like Ctrl-C, so every run's cleanup runs (pool, producers, frozen
+    consumer, proxy, SeaweedFS, temp dirs)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut cleanup short
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    except Terminated:
+        print("terminated (SIGTERM): stopped and cleaned up", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if args.from_json:

@@ -8,9 +8,17 @@ field, else per id and process in order).
 
 A **definite overlap** ("delivered twice while an earlier lease was live"): a later
 delivery d2 of an id starts before ``live_until(d1)`` of an earlier one, where
-``live_until(d1) = min(d1's end, w_last(d1) + visibility_timeout - slack_seconds)`` and
-``w_last`` is the latest lease write time d1 reported. d2's claim came before its
-handler started, so only certain violations are counted.
+``live_until(d1) = w_last(d1) + visibility_timeout - slack_seconds`` and ``w_last`` is
+the latest lease write time d1 reported; if d1's handler raised (the listener gives
+the message back: nack or release), its end caps it: ``min(d1's end, ...)``. A handler
+that returned ok keeps its lease until the ack deletes the message, so a claim between
+its end and that ack took a live lease. d2's claim came before its handler started, so
+only certain violations are counted.
+
+Each delivery's ``start`` event names the keys behind its lease (``keys``: the
+message's object and lease keys; on a packed topic also its segment's key and that
+segment's lease): under csprng_verify an overlap is explained only by a proxy delay
+on one of those keys (:func:`explain_overlaps`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,14 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Counts", "Delivery", "Overlap", "count", "deliveries", "explain_overlaps"]
+__all__ = ["Counts", "Delivery", "Overlap", "count", "deliveries", "explain_overlaps",
+           "overlaps"]
 
 #: Ids listed per kind in ``Counts.details``.
 DETAIL_CAP = 20
+#: SeaweedFS's LastModified has 1 s granularity: a lease is certainly live only until
+#: its write plus the visibility timeout less this.
+SLACK_SECONDS = 1.5
 
 
 @attrs.frozen
@@ -60,14 +72,21 @@ class Delivery:
     w_last: float | None
     end: float | None = None
     outcome: str | None = None
+    #: the object keys behind this delivery's lease (see the module docstring)
+    keys: tuple[str, ...] = ()
 
     def live_until(self, visibility_timeout: float, slack_seconds: float) -> float:
-        """The latest time this delivery's lease was certainly still live."""
+        """The latest time this delivery's lease was certainly still live: its last
+        write plus the visibility timeout (less the slack); if its handler raised, no
+        later than the handler's end (the message was given back then). A handler that
+        returned ok keeps the lease until its ack."""
         by_lease = (
             math.inf if self.w_last is None
             else self.w_last + visibility_timeout - slack_seconds
         )
-        return min(math.inf if self.end is None else self.end, by_lease)
+        if self.end is not None and self.outcome != "ok":
+            return min(self.end, by_lease)
+        return by_lease
 
 
 @attrs.frozen
@@ -80,6 +99,8 @@ class Overlap:
     second_start: float
     first_pid: int | None
     second_pid: int | None
+    #: the keys behind either delivery's lease (what a csprng delay must have hit)
+    keys: tuple[str, ...] = ()
 
 
 def _max_w(*values: Any) -> float | None:
@@ -119,6 +140,7 @@ def deliveries(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Delivery]]
                 id=mid, start=float(start["t"]), pid=start.get("pid"),
                 w_last=_max_w(start.get("w"), end.get("w")),
                 end=float(end["t"]) if end else None, outcome=end.get("outcome"),
+                keys=tuple(str(k) for k in start.get("keys") or ()),
             ))
         out[mid] = sorted(items, key=lambda d: d.start)
     return out
@@ -133,8 +155,9 @@ def overlaps(by_id: Mapping[str, Sequence[Delivery]], visibility_timeout: float,
             for earlier in items[:i]:
                 until = earlier.live_until(visibility_timeout, slack_seconds)
                 if earlier.start <= later.start < until:
+                    keys = tuple(dict.fromkeys((*earlier.keys, *later.keys)))
                     found.append(Overlap(mid, earlier.start, until, later.start,
-                                         earlier.pid, later.pid))
+                                         earlier.pid, later.pid, keys))
     return found
 
 
@@ -151,7 +174,7 @@ def count(
     visibility_timeout: float,
     poison: Iterable[str] = frozenset(),
     max_delivery_count: int | None = None,
-    slack_seconds: float = 1.5,
+    slack_seconds: float = SLACK_SECONDS,
 ) -> Counts:
     """Count a run (see :class:`Counts`)."""
     events = list(events)
@@ -194,10 +217,16 @@ def count(
 
 def explain_overlaps(overlap_list: Iterable[Mapping[str, Any]], faults: Iterable[Any], *,
                      jitter_min_ms: float, window_seconds: float = 30.0) -> dict[str, Any]:
-    """Match each overlap (a ``Counts.details["overlaps"]`` entry) with the proxy's delays
-    of at least ``jitter_min_ms`` on that id's keys (or any segment key: packed leases
-    are per segment) between ``window_seconds`` before its first delivery and the start
-    of the second. Returns ``{"explained": {id: [delays s]}, "unexplained": [ids]}``."""
+    """Match each overlap (``attrs.asdict`` of an :class:`Overlap`;
+    judge them all, ``Counts.details`` lists only the first DETAIL_CAP) with the proxy's
+    delays of at least ``jitter_min_ms`` on that message's own keys between
+    ``window_seconds`` before its first delivery and the start of the second.
+
+    The keys are the overlap's ``keys`` (recorded by the handler: the message's object
+    and lease keys; packed: its segment's key and that segment's lease); an overlap
+    with none recorded matches keys containing its id (a plain message's keys do). A
+    delay on another message's or segment's key explains nothing.
+    Returns ``{"explained": {id: [delays s]}, "unexplained": [ids]}``."""
     delays = [
         f for f in faults
         if str(getattr(f, "kind", "")).startswith("delay_")
@@ -207,9 +236,10 @@ def explain_overlaps(overlap_list: Iterable[Mapping[str, Any]], faults: Iterable
     unexplained: list[str] = []
     for o in overlap_list:
         mid, lo, hi = o["id"], o["first_start"] - window_seconds, o["second_start"]
+        keys = set(o.get("keys") or ())
         hits = [
             round(float(f.delay_seconds), 3) for f in delays
-            if lo <= f.t <= hi and (mid in f.key or "segment" in f.key)
+            if lo <= f.t <= hi and (f.key in keys if keys else mid in f.key)
         ]
         if hits:
             explained[mid] = hits

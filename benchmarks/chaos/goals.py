@@ -11,15 +11,22 @@ __all__ = ["judge"]
 
 
 def judge(counts: Counts, *, events: Iterable[Mapping[str, Any]], strategy: str,
-          poison: set[str], explained: Mapping[str, Any]) -> list[str]:
+          poison: set[str], explained: Mapping[str, Any],
+          allowed_left: int = 0) -> list[str]:
     """The goals ``counts`` miss, each said with its figures (empty: all met).
 
-    ``strategy`` is the one the queue used (``auto`` resolved by its probe).
+    ``strategy`` is the one the queue used (``auto`` resolved by its probe). ``left``
+    (messages the harness's sweep had to handle) is a miss beyond ``allowed_left``: the
+    sweep must not hide a worker pool that stalled. No scenario leaves messages on
+    purpose (every one waits for its pool to handle all it published), so it is 0.
     """
     misses: list[str] = []
     d = counts.details
     if counts.lost:
         misses.append(f"{counts.lost} lost (e.g. {d['lost'][:5]})")
+    if counts.left > allowed_left:
+        misses.append(f"{counts.left} left to the sweep: the worker pool did not drain the "
+                      "topic (it stalled or handled nothing)")
     if counts.remaining_after_sweep:
         misses.append(f"{counts.remaining_after_sweep} left in the topic after the sweep")
     if strategy == "conditional_write" and counts.twice_while_live:

@@ -1,10 +1,11 @@
 """The chaos workers' handler: records each delivery in the run's ledger.
 
 ``handle(msg)`` writes ``start`` (id, pid, consumer, delivery count, lease write time,
-a delivery token ``d``), does a little random work, and writes ``end`` with its
-outcome just before it returns ("ok") or raises ("raised"). The id is the payload's
-``"id"`` (the harness publishes ``{"id": id, ...}``), else ``msg.id``; ``mid`` is
-always ``msg.id`` (the key of the message's objects).
+a delivery token ``d``, the ``keys`` behind its lease: :func:`lease_keys`), does a
+little random work, and writes ``end`` with its outcome just before it returns ("ok")
+or raises ("raised"). The id is the payload's ``"id"`` (the harness publishes
+``{"id": id, ...}``), else ``msg.id``; ``mid`` is always ``msg.id`` (the key of the
+message's objects).
 
 Behaviour from the environment, read once per process:
 ``CHAOS_LEDGER_DIR`` (required), ``CHAOS_WORK_MS`` (random work of 0..N ms, default
@@ -26,7 +27,7 @@ from typing import Any
 
 from benchmarks.chaos.ledger import Ledger, LedgerWriter
 
-__all__ = ["PoisonError", "WrongShapeError", "handle", "record_delivery"]
+__all__ = ["PoisonError", "WrongShapeError", "handle", "lease_keys", "record_delivery"]
 
 GATE_POLL_SECONDS = 0.05
 GATE_MAX_SECONDS = 120.0
@@ -70,6 +71,17 @@ def message_ident(msg: Any) -> str:
     return str(msg.id)
 
 
+def lease_keys(msg: Any) -> list[str]:
+    """The object keys behind a delivery's lease: the message's key and lease key, and
+    on a packed topic its segment's key and that segment's lease key (a delay on one of
+    these is what can explain a csprng_verify duplicate)."""
+    keys = [getattr(msg, "key", None), getattr(msg, "lease_key", None)]
+    segment = getattr(msg, "segment", None)
+    if segment is not None:
+        keys += [getattr(segment, "key", None), getattr(segment, "lease_key", None)]
+    return list(dict.fromkeys(str(k) for k in keys if k))
+
+
 def _consumer_name(msg: Any) -> str | None:
     consumer = getattr(msg, "_consumer", None)
     return getattr(consumer, "name", None)
@@ -90,7 +102,7 @@ def record_delivery(msg: Any, writer: LedgerWriter, *, work_ms: int = 0,
     token = uuid.uuid4().hex
     writer.write("start", id=ident, mid=str(msg.id), pid=os.getpid(), d=token,
                  consumer=_consumer_name(msg), delivery_count=msg.delivery_count,
-                 w=msg.lease_written_at)
+                 w=msg.lease_written_at, keys=lease_keys(msg))
     outcome = "raised"
     try:
         if gate is not None:

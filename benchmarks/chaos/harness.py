@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -28,7 +29,14 @@ from typing import Any, Literal
 
 import attrs
 
-from benchmarks.chaos.accounting import Counts, count, explain_overlaps
+from benchmarks.chaos.accounting import (
+    SLACK_SECONDS,
+    Counts,
+    count,
+    deliveries,
+    explain_overlaps,
+    overlaps,
+)
 from benchmarks.chaos.goals import judge
 from benchmarks.chaos.handler import record_delivery
 from benchmarks.chaos.ledger import Ledger, LedgerTail, LedgerWriter
@@ -38,6 +46,7 @@ from pawn_queue_sync.layout import dead_letter_prefix
 from tests.fault_proxy import FaultProxy
 from tests.seaweedfs import RestartableSeaweedFS
 from tests.servers import ACCESS_KEY, REGION, SECRET_KEY, make_client, unique_bucket_name
+from tests.weed_process import pdeathsig_preexec
 
 __all__ = ["POISON_PREFIX", "WRONG_SHAPES", "ChaosRun", "ChaosSettings", "ScenarioResult"]
 
@@ -48,6 +57,12 @@ POISON_PREFIX = "0badc0de"
 WRONG_SHAPES: tuple[Any, ...] = (["not", "a", "dict"], "a string", 42, {"no_id": True}, None)
 #: The sweep's drain: idle this long (s) before it looks at the topic's stats.
 SWEEP_IDLE_SECONDS = 1.0
+#: ``wait_handled`` gives up when the pool handled nothing new for the visibility
+#: timeout plus this long (full runs; STALL_SECONDS_QUICK for --quick).
+STALL_SECONDS = 60.0
+STALL_SECONDS_QUICK = 20.0
+#: Once every id was handled, ``wait_handled`` asks whether the topic is empty this often.
+DRAIN_LOOK_SECONDS = 1.0
 
 
 @attrs.define
@@ -107,6 +122,9 @@ class ChaosRun:
         self.notes: dict[str, Any] = {}
         self.poison_ids: set[str] = set()
         self.pools: list[PoolHandle] = []
+        #: helper programs (producers, the frozen consumer: ``programs.spawn``), killed
+        #: at close if still running
+        self.helpers: list[subprocess.Popen[bytes]] = []
         self._owns_server = settings.shared_server is None
         self.server = settings.shared_server or RestartableSeaweedFS(self.workdir / "seaweedfs")
         self.proxy: FaultProxy | None = None
@@ -136,6 +154,11 @@ class ChaosRun:
 
     def close(self) -> None:
         """Stop everything this run started; remove its files unless CHAOS_KEEP is set."""
+        for helper in self.helpers:
+            if helper.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    helper.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+                helper.wait()
         for pool in self.pools:
             pool.stop(timeout=20)
         for pq in (self._queue, self._direct):
@@ -269,6 +292,8 @@ class ChaosRun:
                 [sys.executable, "-m", "benchmarks.chaos.pool", str(spec_path)],
                 cwd=REPO, env=child_env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
+                # dies with us (kill -9 of the CLI): its children follow their parent
+                preexec_fn=pdeathsig_preexec(),
             )
         handle = PoolHandle(proc, self.log)
         self.pools.append(handle)
@@ -281,19 +306,56 @@ class ChaosRun:
         pub = {ev["id"] for ev in self.ledger.events() if ev.get("e") == "pub"}
         return pub if ids is None else pub & set(ids)
 
-    def wait_handled(self, ids: Iterable[str], timeout: float) -> bool:
-        """Wait until the ledger shows an ``end`` ok for every id (False on timeout)."""
+    def stall_seconds(self) -> float:
+        """How long the pool may handle nothing new before a wait gives up: beyond the
+        visibility timeout (a stale lease must come back first), STALL_SECONDS
+        (STALL_SECONDS_QUICK for --quick)."""
+        s = self.settings
+        return s.visibility_timeout + (STALL_SECONDS_QUICK if s.quick else STALL_SECONDS)
+
+    def wait_handled(self, ids: Iterable[str], timeout: float | None = None, *,
+                     stall_seconds: float | None = None, drained: bool = True) -> bool:
+        """Wait until the ledger shows an ``end`` ok for every id and (``drained``) the
+        topic is empty: the pool's acks landed, and what it handled but failed to ack
+        (a fault, a kill) came back and was handled again (True). Give up (False) when
+        the pool handled nothing new (no ``end`` event of any id) for ``stall_seconds``
+        (default :meth:`stall_seconds`), or after ``timeout`` if given.
+
+        Progress, not a fixed time per message: a slow pool on a loaded box gets all
+        the time it needs, a pool that handles nothing is given up on soon, and what it
+        left is counted ``left`` (a miss) instead of hidden by the sweep."""
         waiting = set(ids)
+        stall = stall_seconds if stall_seconds is not None else self.stall_seconds()
         tail = LedgerTail(self.ledger.dir)
-        deadline = time.monotonic() + timeout
-        while waiting:
+        now = time.monotonic()
+        deadline = math.inf if timeout is None else now + timeout
+        last_progress = now
+        next_look = now
+        while True:
             for ev in tail.new_events():
-                if ev.get("e") == "end" and ev.get("outcome") == "ok":
-                    waiting.discard(ev.get("id"))
-            if not waiting or time.monotonic() >= deadline:
-                break
+                if ev.get("e") == "end":
+                    last_progress = time.monotonic()
+                    if ev.get("outcome") == "ok":
+                        waiting.discard(ev.get("id"))
+            now = time.monotonic()
+            if not waiting:
+                if not drained:
+                    return True
+                if now >= next_look:
+                    next_look = now + DRAIN_LOOK_SECONDS
+                    if self._empty():
+                        return True
+            if now >= deadline or now - last_progress >= stall:
+                self.notes["stalled_seconds"] = round(stall, 1)
+                return False
             time.sleep(0.25)
-        return not waiting
+
+    def _empty(self) -> bool:
+        """The topic has nothing pending (False when the server cannot say)."""
+        try:
+            return self.remaining() == 0
+        except Exception:
+            return False
 
     def wait_dead_lettered(self, ids: Iterable[str], timeout: float) -> bool:
         """Wait until every id is in the topic's dead-letter prefix (False on timeout)."""
@@ -372,8 +434,10 @@ class ChaosRun:
         )
         faults = self.proxy.fault_log() if self.proxy is not None else []
         aliases = {ev["id"]: ev["mid"] for ev in events if ev.get("e") == "start" and "mid" in ev}
+        # every overlap is judged (counts.details lists only the first DETAIL_CAP)
+        every = overlaps(deliveries(events), s.visibility_timeout, SLACK_SECONDS)
         explained = explain_overlaps(
-            [{**o, "id": aliases.get(o["id"], o["id"])} for o in counts.details["overlaps"]],
+            [{**attrs.asdict(o), "id": aliases.get(o.id, o.id)} for o in every],
             faults, jitter_min_ms=s.jitter_min_ms)
         chosen = [ev["strategy_chosen"] for ev in events if ev.get("e") == "probe"]
         all_notes: dict[str, Any] = {

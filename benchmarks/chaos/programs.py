@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.chaos.harness import REPO, ChaosRun
+from tests.weed_process import pdeathsig_preexec
 
 __all__ = ["config_file", "spawn", "wait_for"]
 
@@ -33,17 +34,20 @@ def config_file(chaos: ChaosRun) -> Path:
 
 def spawn(chaos: ChaosRun, program: str, *args: str) -> subprocess.Popen[bytes]:
     """Start ``benchmarks.chaos.<program>`` with the run's config and ledger; its output
-    goes to ``{run_dir}/{program}-{n}.log``."""
+    goes to ``{run_dir}/{program}-{n}.log``. It dies with this process (parent-death
+    signal) and is killed at the run's close if still running."""
     logs = sorted(chaos.run_dir.glob(f"{program}-*.log"))
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with (chaos.run_dir / f"{program}-{len(logs)}.log").open("ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", f"benchmarks.chaos.{program}",
              "--config", str(config_file(chaos)), "--ledger", str(chaos.ledger.dir), *args],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT, preexec_fn=pdeathsig_preexec(),
         )
+    chaos.helpers.append(proc)
+    return proc
 
 
 def wait_for(cond: Callable[[], bool], timeout: float,

@@ -45,8 +45,10 @@ def notes_text(result: ScenarioResult) -> str:
         if n.get(key):
             parts.append(f"{n[key]} {key.replace('_', ' ')}")
     if n.get("handled_before_stop") is False:
-        parts.append("the pool was stopped at the scenario's time limit with messages "
-                     "unhandled: the sweep handled them (left)")
+        stalled = n.get("stalled_seconds")
+        parts.append("the pool was stopped with messages unhandled"
+                     + (f" (nothing handled for {stalled:g} s)" if stalled else "")
+                     + ": the sweep handled them (left)")
     if result.counts.unconfirmed:
         parts.append(f"{result.counts.unconfirmed} unconfirmed publishes delivered")
     explained = (n.get("overlap_delays") or {}).get("explained") or {}

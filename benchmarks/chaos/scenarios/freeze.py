@@ -139,7 +139,7 @@ def run(settings: ChaosSettings) -> ScenarioResult:
                               f"settled: {dict(list(damaged.items())[:3])}")
             for ident in ids:
                 (gate / f"{ident}.hold").unlink()
-            handled = chaos.wait_handled(chaos.published_ids(), timeout=120)
+            handled = chaos.wait_handled(chaos.published_ids())
             settled = wait_for(lambda: all(_settled(store, h) for h in held), 60)
             if not settled:
                 misses.append("the new holders' acks did not remove every message taken over")

@@ -28,7 +28,7 @@ def run(settings: ChaosSettings) -> ScenarioResult:
         published = chaos.published_ids(ids)
         normal = published - chaos.poison_ids
         timeout = max(120.0, n * 0.1)
-        handled = chaos.wait_handled(normal, timeout=timeout)
+        handled = chaos.wait_handled(normal)
         dead = chaos.wait_dead_lettered(published & chaos.poison_ids, timeout=timeout)
         return chaos.finish(NAME, scenario=NUMBER, notes={
             "messages": n, "poison": poison, "wrong_shape": shapes,
