@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -39,8 +38,9 @@ from benchmarks.chaos.accounting import (
 )
 from benchmarks.chaos.goals import judge
 from benchmarks.chaos.handler import record_delivery
-from benchmarks.chaos.ledger import Ledger, LedgerTail, LedgerWriter
+from benchmarks.chaos.ledger import Ledger, LedgerWriter
 from benchmarks.chaos.pool import LISTENER_OPTIONS, PoolHandle
+from benchmarks.chaos.waits import Waits
 from pawn_queue_sync import PawnQueue, PublishError, drain
 from pawn_queue_sync.layout import dead_letter_prefix
 from tests.fault_proxy import FaultProxy
@@ -57,12 +57,6 @@ POISON_PREFIX = "0badc0de"
 WRONG_SHAPES: tuple[Any, ...] = (["not", "a", "dict"], "a string", 42, {"no_id": True}, None)
 #: The sweep's drain: idle this long (s) before it looks at the topic's stats.
 SWEEP_IDLE_SECONDS = 1.0
-#: ``wait_handled`` gives up when the pool handled nothing new for the visibility
-#: timeout plus this long (full runs; STALL_SECONDS_QUICK for --quick).
-STALL_SECONDS = 60.0
-STALL_SECONDS_QUICK = 20.0
-#: Once every id was handled, ``wait_handled`` asks whether the topic is empty this often.
-DRAIN_LOOK_SECONDS = 1.0
 
 
 @attrs.define
@@ -108,7 +102,7 @@ class ScenarioResult:
         return out
 
 
-class ChaosRun:
+class ChaosRun(Waits):
     """One server, proxy, bucket and topic for one scenario run (a context manager)."""
 
     def __init__(self, settings: ChaosSettings, *, topic: str = "chaos") -> None:
@@ -305,67 +299,6 @@ class ChaosRun:
         """The ids with a ``pub`` event (of ``ids`` if given)."""
         pub = {ev["id"] for ev in self.ledger.events() if ev.get("e") == "pub"}
         return pub if ids is None else pub & set(ids)
-
-    def stall_seconds(self) -> float:
-        """How long the pool may handle nothing new before a wait gives up: beyond the
-        visibility timeout (a stale lease must come back first), STALL_SECONDS
-        (STALL_SECONDS_QUICK for --quick)."""
-        s = self.settings
-        return s.visibility_timeout + (STALL_SECONDS_QUICK if s.quick else STALL_SECONDS)
-
-    def wait_handled(self, ids: Iterable[str], timeout: float | None = None, *,
-                     stall_seconds: float | None = None, drained: bool = True) -> bool:
-        """Wait until the ledger shows an ``end`` ok for every id and (``drained``) the
-        topic is empty: the pool's acks landed, and what it handled but failed to ack
-        (a fault, a kill) came back and was handled again (True). Give up (False) when
-        the pool handled nothing new (no ``end`` event of any id) for ``stall_seconds``
-        (default :meth:`stall_seconds`), or after ``timeout`` if given.
-
-        Progress, not a fixed time per message: a slow pool on a loaded box gets all
-        the time it needs, a pool that handles nothing is given up on soon, and what it
-        left is counted ``left`` (a miss) instead of hidden by the sweep."""
-        waiting = set(ids)
-        stall = stall_seconds if stall_seconds is not None else self.stall_seconds()
-        tail = LedgerTail(self.ledger.dir)
-        now = time.monotonic()
-        deadline = math.inf if timeout is None else now + timeout
-        last_progress = now
-        next_look = now
-        while True:
-            for ev in tail.new_events():
-                if ev.get("e") == "end":
-                    last_progress = time.monotonic()
-                    if ev.get("outcome") == "ok":
-                        waiting.discard(ev.get("id"))
-            now = time.monotonic()
-            if not waiting:
-                if not drained:
-                    return True
-                if now >= next_look:
-                    next_look = now + DRAIN_LOOK_SECONDS
-                    if self._empty():
-                        return True
-            if now >= deadline or now - last_progress >= stall:
-                self.notes["stalled_seconds"] = round(stall, 1)
-                return False
-            time.sleep(0.25)
-
-    def _empty(self) -> bool:
-        """The topic has nothing pending (False when the server cannot say)."""
-        try:
-            return self.remaining() == 0
-        except Exception:
-            return False
-
-    def wait_dead_lettered(self, ids: Iterable[str], timeout: float) -> bool:
-        """Wait until every id is in the topic's dead-letter prefix (False on timeout)."""
-        waiting = set(ids)
-        deadline = time.monotonic() + timeout
-        while True:
-            waiting -= self.dead_letter_ids()
-            if not waiting or time.monotonic() >= deadline:
-                return not waiting
-            time.sleep(0.5)
 
     def dead_letter_ids(self) -> set[str]:
         """The ids (as the ledger knows them) of the topic's dead letters."""
