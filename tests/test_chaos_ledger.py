@@ -75,3 +75,74 @@ def test_kills_mid_flight_counts_kills_that_interrupted_a_handler() -> None:
     assert mid_flight_miss(1, 3, quick=False)  # wanted 2 of 3
     assert mid_flight_miss(0, 3, quick=True)
     assert mid_flight_miss(10, 20, quick=False) == []
+
+
+class _FakeProducer:
+    """publish_batch that returns (or raises ``error`` after "writing" the batch)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def publish_batch(self, topic: str, payloads: list[dict[str, object]]) -> list[str]:
+        if self.error is not None:
+            raise self.error
+        return [str(p["id"]) for p in payloads]
+
+
+class _FakeQueue:
+    def __init__(self, producer: _FakeProducer) -> None:
+        self.producer = producer
+
+    def register_producer(self, name: str) -> _FakeProducer:
+        return self.producer
+
+
+def _run_producer(tmp_path: Path, error: BaseException | None) -> list[str]:
+    import random
+
+    from benchmarks.chaos import producer
+
+    out = Ledger(tmp_path).writer("producer")
+    producer._batches(_FakeQueue(_FakeProducer(error)), "t", out,  # type: ignore[arg-type]
+                      producer.Budget(5), random.Random(0), 5, 5, 0.0)
+    out.close()
+    return out.path.read_text().splitlines()
+
+
+def test_the_producer_records_a_returned_batch_in_one_line(tmp_path: Path) -> None:
+    """Before: one ``pub`` line per id after the call returned, so a kill among those
+    lines turned ids reported published into "killed" pubfails."""
+    lines = _run_producer(tmp_path, None)
+    assert [line.split(",")[0] for line in lines] == ['{"e":"pubtry"', '{"e":"pub"']
+    assert len([ev for ev in read_events(tmp_path) if ev["e"] == "pub"]) == 5
+
+
+def test_the_producer_reads_an_empty_failed_indices_as_none_failed(tmp_path: Path) -> None:
+    """Before: ``failed_indices or range(n)`` made an empty list "all failed"."""
+    _run_producer(tmp_path, _publish_error([]))
+    assert {ev["e"] for ev in read_events(tmp_path) if ev["e"] != "pubtry"} == {"pub"}
+
+
+def test_producer_kills_sees_a_batch_line_as_done(tmp_path: Path) -> None:
+    """Scenario 5 finds the ids a killed producer was publishing from its own file: ids
+    of a ``pub`` {ids} line are done, only ``pubtry`` ids without one are outstanding."""
+    from benchmarks.chaos.scenarios.producer_kills import _outstanding
+
+    out = Ledger(tmp_path).writer("producer")
+    out.write("pubtry", ids=["a", "b"])
+    record_publish(out, ["a", "b"])
+    out.write("pubtry", ids=["c"])
+    out.close()
+    assert _outstanding(out.path) == {"c"}
+
+
+def test_a_stall_is_shorter_than_the_read_timeout_quick_or_not() -> None:
+    """Scenario 1's stalls (delay_request/delay_answer) must not be read timeouts in
+    disguise: before, the quick stall (2 s) outlasted the quick read timeout (1.5 s)."""
+    from benchmarks.chaos.scenarios.faults import rules
+    from benchmarks.chaos.suite import Row, settings_for
+
+    for quick in (True, False):
+        settings = settings_for(Row(1, "plain", "conditional_write"), quick=quick)
+        delays = [r.delay_seconds for r in rules(settings) if r.kind.startswith("delay_")]
+        assert delays and all(0 < d < settings.read_timeout for d in delays), (quick, delays)

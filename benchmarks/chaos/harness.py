@@ -38,10 +38,10 @@ from benchmarks.chaos.accounting import (
 )
 from benchmarks.chaos.goals import judge
 from benchmarks.chaos.handler import record_delivery
-from benchmarks.chaos.ledger import Ledger, LedgerWriter
+from benchmarks.chaos.ledger import Ledger, LedgerWriter, record_publish
 from benchmarks.chaos.pool import LISTENER_OPTIONS, PoolHandle
 from benchmarks.chaos.waits import Waits
-from pawn_queue_sync import PawnQueue, PublishError, drain
+from pawn_queue_sync import PawnQueue, drain
 from pawn_queue_sync.layout import dead_letter_prefix
 from tests.fault_proxy import FaultProxy
 from tests.seaweedfs import RestartableSeaweedFS
@@ -245,19 +245,10 @@ class ChaosRun(Waits):
         payloads = [{"id": mid, "n": i} for i, mid in enumerate(chunk)]
         try:
             self._producer.publish_batch(self.topic, payloads)
-        except PublishError as exc:
-            failed = set(getattr(exc, "failed_indices", range(len(chunk))))
-            for i, mid in enumerate(chunk):
-                if i in failed:
-                    self.log.write("pubfail", id=mid, error="PublishError")
-                else:
-                    self.log.write("pub", id=mid)
-        except Exception as exc:
-            for mid in chunk:
-                self.log.write("pubfail", id=mid, error=type(exc).__name__)
+        except Exception as exc:  # recorded: what a PublishError says was written is pub
+            record_publish(self.log, list(chunk), exc)
         else:
-            for mid in chunk:
-                self.log.write("pub", id=mid)
+            record_publish(self.log, list(chunk))
 
     # -- the pool -----------------------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 stopped or its budget is spent, and records every call in the ledger.
 
 Before each call it writes ``pubtry`` {ids} (what it is about to publish); after the
-call returns, ``pub`` per id; when the call raises, ``pub`` for the ids that a
-PublishError says were written and ``pubfail`` for the rest. A kill -9 mid-call leaves
-ids with ``pubtry`` alone: the scenario records them as ``pubfail`` ("killed") for the
-accounting, which counts those delivered anyway as ``unconfirmed``.
+call returns, one ``pub`` {ids} line for all of them (a kill cannot leave half of a
+returned call recorded); when the call raises, ``pub`` {ids} for the ids that a
+PublishError says were written and ``pubfail`` for the rest (``ledger.record_publish``).
+A kill -9 mid-call leaves ids with ``pubtry`` alone: the scenario records them as
+``pubfail`` ("killed") for the accounting, which counts those delivered anyway as
+``unconfirmed``.
 
 Modes: ``batch`` (one thread, ``publish_batch`` of ``--min``..``--max`` payloads; on a
 packed topic that writes whole segments in parallel) and ``group`` (``--threads``
@@ -28,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos.ledger import Ledger, LedgerWriter
+from benchmarks.chaos.ledger import Ledger, LedgerWriter, record_publish
 from pawn_queue_sync import PawnQueue
 
 #: The producer's registered name (one id for every producer process of a run).
@@ -54,17 +56,6 @@ class Budget:
             return got
 
 
-def _record_failure(out: LedgerWriter, ids: list[str], exc: BaseException) -> None:
-    """``pub`` for the ids a PublishError's ``failed_indices`` leave out (positions in
-    ``ids``), ``pubfail`` for the rest (all of them for any other error)."""
-    failed = set(getattr(exc, "failed_indices", None) or range(len(ids)))
-    for k, mid in enumerate(ids):
-        if k in failed:
-            out.write("pubfail", id=mid, error=type(exc).__name__)
-        else:
-            out.write("pub", id=mid)
-
-
 def _batches(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
              rng: random.Random, low: int, high: int, pause: float) -> None:
     """publish_batch in a loop. The payload ids are ours; the message ids the batch draws
@@ -80,12 +71,11 @@ def _batches(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
         try:
             mids = producer.publish_batch(topic, [{"id": i, "n": k} for k, i in enumerate(ids)])
         except Exception as exc:  # recorded: the ledger is the report
-            _record_failure(out, ids, exc)
+            record_publish(out, ids, exc)
             continue
         if len(mids) != len(ids):  # never: publish_batch returns one id per payload
             raise RuntimeError(f"publish_batch returned {len(mids)} ids for {len(ids)}")
-        for mid in ids:
-            out.write("pub", id=mid)
+        record_publish(out, ids)
 
 
 def _singles(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
@@ -99,9 +89,9 @@ def _singles(pq: PawnQueue, topic: str, out: LedgerWriter, budget: Budget,
         try:
             producer.publish(topic, {"id": mid}, message_id=mid)
         except Exception as exc:  # recorded: the ledger is the report
-            _record_failure(out, [mid], exc)
+            record_publish(out, [mid], exc)
             continue
-        out.write("pub", id=mid)
+        record_publish(out, [mid])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos.harness import ChaosRun, ChaosSettings, ScenarioResult
+from benchmarks.chaos.ledger import expand
 from benchmarks.chaos.programs import spawn, wait_for
 
 NAME = "producer_kills"
@@ -56,7 +57,7 @@ def _outstanding(path: Path) -> set[str]:
         if ev.get("e") == "pubtry":
             tried.update(ev.get("ids", ()))
         elif ev.get("e") in ("pub", "pubfail"):
-            done.add(ev["id"])
+            done.update(one["id"] for one in expand(ev))  # a pub line may carry ids
     return tried - done
 
 
