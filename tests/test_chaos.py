@@ -19,34 +19,10 @@ import pytest
 from benchmarks.chaos.harness import ScenarioResult
 from benchmarks.chaos.report import row_line
 from benchmarks.chaos.scenarios import NAMES
-from benchmarks.chaos.suite import KINDS, STRATEGIES, Row, plan, run_rows
+from benchmarks.chaos.suite import COMBOS, QUICK_WORKERS, Row, quick_plan, quick_seed, run_rows
 from tests.seaweedfs import RestartableSeaweedFS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chaos")]
-
-COMBOS = [(kind, strategy) for kind in KINDS for strategy in STRATEGIES]
-#: Rows run at a time.
-WORKERS = 3
-
-
-#: Rows beyond the rotation: scenario 4 on a plain topic under conditional_write (a late
-#: ack there is refused by the message's own fence, which no packed row exercises), and
-#: scenario 2 under conditional_write (where any overlap is a miss, not a delay).
-EXTRA_ROWS = (Row(4, "plain", "conditional_write"), Row(2, "packed", "conditional_write"))
-
-
-def quick_rows() -> list[Row]:
-    """Scenario 1 on the four combinations; every other one once, combinations rotated;
-    then EXTRA_ROWS."""
-    rows = [Row(1, kind, strategy) for kind, strategy in COMBOS]
-    others = [n for n in sorted(NAMES) if n != 1]
-    for i, number in enumerate(others):
-        kind, strategy = COMBOS[(i + 1) % len(COMBOS)]
-        [row] = plan(only=[number], kinds=[kind], strategies=[strategy])
-        rows.append(row)
-    rows.extend(row for row in EXTRA_ROWS if row not in rows)
-    return rows
-
 
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Row, ScenarioResult]]:
@@ -54,20 +30,20 @@ def quick_results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Row
     server = RestartableSeaweedFS(tmp_path_factory.mktemp("chaos-seaweedfs"))
     server.start()
     try:
-        yield run_rows(quick_rows(), quick=True, seed=lambda row: row.scenario,
-                       shared_server=server, workers=WORKERS)
+        yield run_rows(quick_plan(), quick=True, seed=quick_seed, shared_server=server,
+                       workers=QUICK_WORKERS)
     finally:
         server.stop(graceful=False)  # scratch data: no need to wait for a clean stop
 
 
 def test_the_quick_rows_cover_every_scenario_and_combination() -> None:
-    rows = quick_rows()
+    rows = quick_plan()
     assert {r.scenario for r in rows} == set(NAMES)
     assert {(r.kind, r.strategy) for r in rows if r.scenario == 1} == set(COMBOS)
     assert {(r.kind, r.strategy) for r in rows} >= set(COMBOS)
 
 
-@pytest.mark.parametrize("row", quick_rows(), ids=lambda r: f"{r.scenario}-{r.kind}-{r.strategy}")
+@pytest.mark.parametrize("row", quick_plan(), ids=lambda r: f"{r.scenario}-{r.kind}-{r.strategy}")
 def test_chaos_quick_row_meets_its_goals(row: Row,
                                          quick_results: dict[Row, ScenarioResult]) -> None:
     result = quick_results[row]

@@ -159,7 +159,7 @@ def test_the_quick_rows_check_late_acks_on_plain_topics_too() -> None:
     whole of tests/test_chaos.py passes (11 passed): its scenario 4 row is packed /
     csprng_verify, and no other row's counts move (the new holders' handlers still end
     ok, so the ids count as acked, never lost)."""
-    from tests.test_chaos import quick_rows
+    from benchmarks.chaos.suite import quick_plan as quick_rows
 
     kinds = {r.kind for r in quick_rows() if r.scenario == 4}
     assert kinds == {"plain", "packed"}, kinds
@@ -178,12 +178,12 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="workers.pool restarts a RET_CONNECT child forever, "
-                   "also when the error is permanent (bucket gone, access denied)")
 def test_a_pool_gives_up_when_its_bucket_is_gone_for_good(
     real_s3: S3Server, real_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Since d5e8912 a child exiting RET_CONNECT never counts toward
+    """(Fixed in 07bfe7e: ``StorageError.transient``; a child refused for good exits
+    RET_CONNECT and counts, one meeting an outage exits RET_STORE_DOWN and does not.)
+    Since d5e8912 a child exiting RET_CONNECT never counts toward
     ``max_start_failures``, on the ground that the parent reached the store. But any
     StorageError in the child's setup exits RET_CONNECT: a bucket deleted (or
     credentials revoked, or a ProbeError) after the pool started is permanent, and the

@@ -40,7 +40,8 @@ def notes_text(result: ScenarioResult) -> str:
         parts.append("faults: " + ", ".join(
             f"{_FAULT_NAMES.get(k, k)} {v}" for k, v in sorted(faults.items())))
     if n.get("kills"):
-        parts.append(f"{n['kills']} kills")
+        caught = n.get("kills_mid_flight")
+        parts.append(f"{n['kills']} kills" + (f" ({caught} mid-handler)" if caught else ""))
     for key in ("poison", "wrong_shape"):
         if n.get(key):
             parts.append(f"{n[key]} {key.replace('_', ' ')}")
