@@ -14,12 +14,14 @@ import multiprocessing
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from benchmarks.chaos.accounting import count
 from benchmarks.chaos.handler import record_delivery
 from benchmarks.chaos.ledger import Ledger
+from benchmarks.chaos.waits import Waits
 from pawn_queue_sync import PawnQueue
 from pawn_queue_sync.errors import PawnQueueError
 from pawn_queue_sync.layout import MESSAGES, REGISTRY_PREFIX
@@ -124,3 +126,45 @@ def test_a_publish_retry_after_a_dropped_answer_is_not_twice_while_live(
     # again after its first delivery was acked (each delivery acked, never overlapping)
     assert seen >= 2, f"only {seen} delivery: the retry did not re-create the message"
     assert counts.twice_while_live == 0, counts.details["overlaps"]
+
+
+class _Run(Waits):
+    """A run whose topic never empties (an ack that never lands)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.settings = SimpleNamespace(visibility_timeout=0.0, quick=True)
+        self.ledger = ledger
+        self.notes = {}
+
+    def remaining(self) -> int:
+        return 1
+
+    def dead_letter_ids(self) -> set[str]:
+        return set()
+
+
+@pytest.mark.xfail(strict=True, reason="the same id handled again and again counts as "
+                   "progress: a pool whose acks never land keeps the wait going forever")
+def test_the_wait_gives_up_on_a_pool_that_handles_the_same_message_forever(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger")
+    writer = ledger.writer("worker")
+    run = _Run(ledger)
+    result: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(run.wait_handled(["a"], stall_seconds=1.0)),
+        daemon=True,
+    )
+    stop = threading.Event()
+    waiter.start()
+    try:  # the message comes back and is handled again, its ack failing every time
+        for _ in range(60):
+            writer.write("end", id="a", mid="a", pid=1, d=None, w=None, outcome="ok")
+            if stop.wait(0.1) or not waiter.is_alive():
+                break
+        assert not waiter.is_alive(), "still waiting after 6 s with a 1 s stall limit"
+        assert result == [False]
+    finally:
+        writer.close()
+        waiter.join(10)
