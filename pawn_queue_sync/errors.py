@@ -82,6 +82,9 @@ class SegmentError(PawnQueueError, ValueError):
 class RegistrationError(PawnQueueError):
     """A producer or consumer could not be registered."""
 
+    #: True when the store failed with an outage (``StorageError.transient``)
+    transient: bool = False
+
 
 class StorageError(PawnQueueError):
     """The object store failed or answered something unusable.

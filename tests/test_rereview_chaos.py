@@ -1,4 +1,5 @@
-"""Re-review of the chaos suite's fixes (issue 15): strict xfails for the defects found.
+"""Re-review of the chaos suite's fixes (issue 15): the defects found, each a strict xfail
+until fixed (all fixed: the lead's commit after 2def01c).
 
 - A worker pool child that meets an outage while it registers (after setup) exits 1,
   counted as a failed start: ``register_consumer`` wraps the transient StorageError in
@@ -39,8 +40,6 @@ from tests.fault_proxy import FaultProxy, FaultRule
 from tests.servers import S3Server, config_dict
 
 
-@pytest.mark.xfail(strict=True, reason="RegistrationError drops StorageError.transient: "
-                   "the child exits 1 (a counted start failure) during an outage")
 def test_a_child_meeting_an_outage_at_registration_exits_store_down(
     real_s3: S3Server, real_bucket: str
 ) -> None:
@@ -60,11 +59,10 @@ def test_a_child_meeting_an_outage_at_registration_exits_store_down(
         proc = multiprocessing.get_context("spawn").Process(target=_child_main, args=(spec,))
         proc.start()
         proc.join(120)
-        assert proxy.faults(), "the proxy answered no registry request with a 503"
+        assert proxy.fault_log(), "the proxy answered no registry request with a 503"
     assert proc.exitcode == RET_STORE_DOWN
 
 
-@pytest.mark.xfail(strict=True, reason="429 is retried as throttling but not transient")
 @pytest.mark.parametrize("code", ["TooManyRequests", "RequestLimitExceeded",
                                   "ThrottlingException"])
 def test_throttling_after_every_retry_is_an_outage(code: str) -> None:
@@ -73,10 +71,6 @@ def test_throttling_after_every_retry_is_an_outage(code: str) -> None:
     assert error.transient, repr(error)
 
 
-@pytest.mark.xfail(strict=True, reason="an ok handler's lease is counted live until "
-                   "w_last + vt - slack, but a publish retried after a dropped answer "
-                   "re-creates an acked message: a legitimate redelivery counted as "
-                   "'twice while live'")
 def test_a_publish_retry_after_a_dropped_answer_is_not_twice_while_live(
     real_s3: S3Server, real_bucket: str, tmp_path: Path
 ) -> None:
@@ -150,8 +144,6 @@ class _Run(Waits):
         return set()
 
 
-@pytest.mark.xfail(strict=True, reason="the same id handled again and again counts as "
-                   "progress: a pool whose acks never land keeps the wait going forever")
 def test_the_wait_gives_up_on_a_pool_that_handles_the_same_message_forever(
     tmp_path: Path,
 ) -> None:
@@ -177,9 +169,6 @@ def test_the_wait_gives_up_on_a_pool_that_handles_the_same_message_forever(
         waiter.join(10)
 
 
-@pytest.mark.xfail(strict=True, reason="scenario 2 never checks it made its kills: with "
-                   "no kill at all (every attempt found no working child) a full run "
-                   "meets its mid-flight goal, half of 0")
 @pytest.mark.parametrize("kills", [0, 1])
 def test_a_full_kills_run_with_too_few_kills_misses(kills: int) -> None:
     # kills.run stops after 50 attempts that found no working child, with pool.kills

@@ -60,6 +60,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.filtered = not (args.only is None and args.kinds is None and args.strategies is None)
     args.kinds = args.kinds or list(KINDS)
     args.strategies = args.strategies or list(STRATEGIES)
+    if args.only is not None and not args.only:
+        p.error("--only: no scenario number given")
     for number in args.only or ():
         if number not in SCENARIOS:
             p.error(f"no chaos scenario {number} (known: {sorted(SCENARIOS)})")

@@ -13,7 +13,10 @@ the latest lease write time d1 reported; if d1's handler raised (the listener gi
 the message back: nack or release), its end caps it: ``min(d1's end, ...)``. A handler
 that returned ok keeps its lease until the ack deletes the message, so a claim between
 its end and that ack took a live lease. d2's claim came before its handler started, so
-only certain violations are counted.
+only certain violations are counted. One exception: a d2 that starts after d1's handler
+ended ok with ``delivery_count`` 1 is a new object, not d1's: a publish retried after
+its answer was dropped writes an acked message again, fresh (a lease taken from d1,
+reaped or stolen after its handler, would carry d1's attempt: a count of 2 or more).
 
 Each delivery's ``start`` event names the keys behind its lease (``keys``: the
 message's object and lease keys; on a packed topic also its segment's key and that
@@ -74,6 +77,8 @@ class Delivery:
     outcome: str | None = None
     #: the object keys behind this delivery's lease (see the module docstring)
     keys: tuple[str, ...] = ()
+    #: the message's ``delivery_count`` at this delivery (None: not recorded)
+    count: int | None = None
 
     def live_until(self, visibility_timeout: float, slack_seconds: float) -> float:
         """The latest time this delivery's lease was certainly still live: its last
@@ -141,6 +146,7 @@ def deliveries(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Delivery]]
                 w_last=_max_w(start.get("w"), end.get("w")),
                 end=float(end["t"]) if end else None, outcome=end.get("outcome"),
                 keys=tuple(str(k) for k in start.get("keys") or ()),
+                count=start.get("delivery_count"),
             ))
         out[mid] = sorted(items, key=lambda d: d.start)
     return out
@@ -154,11 +160,20 @@ def overlaps(by_id: Mapping[str, Sequence[Delivery]], visibility_timeout: float,
         for i, later in enumerate(items):
             for earlier in items[:i]:
                 until = earlier.live_until(visibility_timeout, slack_seconds)
+                if _recreated(earlier, later):
+                    continue
                 if earlier.start <= later.start < until:
                     keys = tuple(dict.fromkeys((*earlier.keys, *later.keys)))
                     found.append(Overlap(mid, earlier.start, until, later.start,
                                          earlier.pid, later.pid, keys))
     return found
+
+
+def _recreated(earlier: Delivery, later: Delivery) -> bool:
+    """Whether ``later`` is a fresh object written after ``earlier`` was handled ok (see
+    the module docstring): no lease of ``earlier``'s was taken."""
+    return (earlier.outcome == "ok" and earlier.end is not None
+            and later.start >= earlier.end and later.count == 1)
 
 
 def _cap(ids: Iterable[str]) -> list[str]:

@@ -50,8 +50,10 @@ class Waits:
         """Wait until the ledger shows an ``end`` ok for every id and (``drained``) the
         topic is empty: the pool's acks landed, and what it handled but failed to ack
         (a fault, a kill) came back and was handled again (True). Give up (False) when
-        the pool handled nothing new (no ``end`` event of any id) for ``stall_seconds``
-        (default :meth:`stall_seconds`), or after ``timeout`` if given.
+        the pool made no progress for ``stall_seconds`` (default :meth:`stall_seconds`),
+        or after ``timeout`` if given. Progress is an id's first ``end`` event or, once
+        every id was handled, fewer messages left in the topic: a pool handling the
+        same messages again and again (acks that never land) makes none.
 
         Progress, not a fixed time per message: a slow pool on a loaded box gets all
         the time it needs, a pool that handles nothing is given up on soon, and what it
@@ -63,10 +65,14 @@ class Waits:
         deadline = math.inf if timeout is None else now + timeout
         last_progress = now
         next_look = now
+        ended: set[Any] = set()
+        fewest = math.inf
         while True:
             for ev in tail.new_events():
                 if ev.get("e") == "end":
-                    last_progress = time.monotonic()
+                    if ev.get("id") not in ended:
+                        ended.add(ev.get("id"))
+                        last_progress = time.monotonic()
                     if ev.get("outcome") == "ok":
                         waiting.discard(ev.get("id"))
             now = time.monotonic()
@@ -75,19 +81,22 @@ class Waits:
                     return True
                 if now >= next_look:
                     next_look = now + DRAIN_LOOK_SECONDS
-                    if self._empty():
+                    left = self._left()
+                    if left == 0:
                         return True
+                    if left < fewest:
+                        fewest, last_progress = left, now
             if now >= deadline or now - last_progress >= stall:
                 self.notes["stalled_seconds"] = round(stall, 1)
                 return False
             time.sleep(0.25)
 
-    def _empty(self) -> bool:
-        """The topic has nothing pending (False when the server cannot say)."""
+    def _left(self) -> float:
+        """Messages pending in the topic (infinity when the server cannot say)."""
         try:
-            return self.remaining() == 0
+            return self.remaining()
         except Exception:
-            return False
+            return math.inf
 
     def wait_dead_lettered(self, ids: Iterable[str], timeout: float) -> bool:
         """Wait until every id is in the topic's dead-letter prefix (False on timeout)."""

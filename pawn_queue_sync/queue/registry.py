@@ -96,7 +96,10 @@ def register(ctx: Context, role: Role, name: str) -> RegistryEntry:
         log.info("registered %s %r as %s", role[:-1], name, entity_id)
         return entry
     except (StorageError, ValueError, KeyError) as exc:
-        raise RegistrationError(f"could not register {role[:-1]} {name!r}: {exc}") from exc
+        error = RegistrationError(f"could not register {role[:-1]} {name!r}: {exc}")
+        # an outage stays one (a worker pool waits it out; see StorageError.transient)
+        error.transient = isinstance(exc, StorageError) and exc.transient
+        raise error from exc
 
 
 def _find_legacy(ctx: Context, role: Role, name: str) -> RegistryEntry | None:

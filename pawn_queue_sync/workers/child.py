@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from ..config import load_config
-from ..errors import StorageError
+from ..errors import RegistrationError, StorageError
 from ..queue.core import PawnQueue
 from ..runtime import Listener
 from ..runtime.options import ListenOptions, option_names
@@ -122,9 +122,9 @@ def _child_main(spec: _ChildSpec, ready: Any = None, stopping: Any = None,
     try:
         pq = PawnQueue(load_config(spec.config)).setup()
         consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
-    except (StorageError, OSError) as exc:
+    except (StorageError, RegistrationError, OSError) as exc:
         log.error("worker %s: cannot reach the store: %s", name, exc)
-        transient = isinstance(exc, StorageError) and exc.transient
+        transient = getattr(exc, "transient", False)  # OSError: a local store, not an outage
         sys.exit(RET_STORE_DOWN if transient else RET_CONNECT)
     try:
         # The listener's own signal handlers make its self-pipe the wakeup fd: a signal

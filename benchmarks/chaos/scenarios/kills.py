@@ -49,12 +49,18 @@ def kills_mid_flight(events: Iterable[dict[str, Any]]) -> int:
 
 
 def mid_flight_miss(caught: int, kills: int, *, quick: bool) -> list[str]:
-    """The miss when too few kills caught a handler mid-flight (half of them; one when
-    quick): the scenario would not test what it says."""
-    wanted = 1 if quick else (kills + 1) // 2
-    if caught >= wanted:
-        return []
-    return [f"only {caught} of {kills} kills interrupted a handler (wanted {wanted})"]
+    """The misses when the run made fewer kills than it asks for (QUICK_KILLS or
+    FULL_KILLS: its kill attempts kept finding no child at work), or too few of them
+    caught a handler mid-flight (half; one when quick): the scenario would not test
+    what it says."""
+    misses = []
+    asked = QUICK_KILLS if quick else FULL_KILLS
+    if kills < asked:
+        misses.append(f"only {kills} kills made (wanted {asked})")
+    wanted = 1 if quick else max(1, (kills + 1) // 2)
+    if caught < wanted:
+        misses.append(f"only {caught} of {kills} kills interrupted a handler (wanted {wanted})")
+    return misses
 
 
 def run(settings: ChaosSettings) -> ScenarioResult:

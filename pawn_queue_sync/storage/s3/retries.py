@@ -16,7 +16,7 @@ import random
 
 from .answers import Answer, error_of
 
-__all__ = ["backoff", "retryable"]
+__all__ = ["backoff", "retryable", "transient_failure"]
 
 #: Answers botocore's "standard" retry mode retries (besides connection errors).
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -35,6 +35,12 @@ def backoff(attempt: int) -> float:
     """The delay before retry number ``attempt`` (1, 2, ...): full jitter, doubling,
     at most 20 s."""
     return random.random() * min(_MAX_BACKOFF, 2.0 ** (attempt - 1))
+
+
+def transient_failure(status: str, code: str) -> bool:
+    """Whether an error answer that outlasted every retry is an outage that may pass
+    (a retried status or code: 5xx, 429, throttling, SlowDown), not a refusal."""
+    return (status.isdigit() and int(status) in _RETRY_STATUS) or code in _RETRY_CODES
 
 
 def retryable(status: int, answer: Answer | None = None, code: str = "") -> bool:

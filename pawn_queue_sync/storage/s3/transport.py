@@ -13,16 +13,13 @@ import attrs
 from ...errors import ConditionFailed, ObjectNotFound, StorageError, StoreUnavailable
 from ..base import GetResult, ObjectInfo, PutResult
 from .answers import Page
+from .retries import transient_failure
 from .secrets import mask
 
 __all__ = ["Page", "Transport", "Translator"]
 
 _CONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-#: Error codes of a server that is overloaded or failing for now (whatever the status)
-_OUTAGE_CODES = frozenset(
-    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
-)
 _AUTH_CODES = frozenset(
     {
         "AccessDenied",
@@ -98,5 +95,5 @@ class Translator:
             )
         return StorageError(
             f"{op} failed: {code or status} {text}".rstrip(), key=key,
-            transient=status.startswith("5") or code in _OUTAGE_CODES,
+            transient=status.startswith("5") or transient_failure(status, code),
         )
