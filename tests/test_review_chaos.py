@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +24,10 @@ from benchmarks.chaos.goals import judge
 from benchmarks.chaos.harness import ChaosRun, ChaosSettings
 from benchmarks.chaos.pool import child_pids
 from pawn_queue_sync import PawnQueue
-from pawn_queue_sync.workers import RET_START_FAILED, WorkerPool
+from pawn_queue_sync.workers import RET_START_FAILED
 from tests.runtime_handlers import read_records
 from tests.servers import S3Server, config_dict
+from tests.test_workers_outage import start_recording_pool
 
 REPO = Path(__file__).resolve().parents[1]
 VT = 10.0
@@ -195,12 +195,7 @@ def test_a_pool_gives_up_when_its_bucket_is_gone_for_good(
     with PawnQueue.from_config(cfg) as pq:
         pq.create_topic("jobs")
         first = pq.register_producer("p").publish("jobs", {"n": 0})
-    pool = WorkerPool(cfg, ["jobs"], "tests.runtime_handlers:record", processes=1,
-                      threads=1, restart_backoff_seconds=0.05,
-                      restart_backoff_max_seconds=0.2, max_start_failures=3)
-    statuses: list[int] = []
-    runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
-    runner.start()
+    pool, statuses, runner = start_recording_pool(cfg, "jobs")
     try:
         assert _wait(lambda: any(mid == first for events in
                                  read_records(str(tmp_path)).values()

@@ -26,6 +26,21 @@ TOPIC = "jobs"
 DEADLINE = 90.0
 
 
+
+def start_recording_pool(
+    cfg: dict, topic: str
+) -> tuple[WorkerPool, list[int], threading.Thread]:
+    """A one-process, one-thread pool of ``tests.runtime_handlers:record`` on ``topic``
+    with a short restart back-off and ``max_start_failures=3``, run on a thread: the
+    pool, the list its exit status is appended to, and that thread."""
+    pool = WorkerPool(cfg, [topic], "tests.runtime_handlers:record", processes=1,
+                      threads=1, restart_backoff_seconds=0.05,
+                      restart_backoff_max_seconds=0.2, max_start_failures=3)
+    statuses: list[int] = []
+    runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
+    runner.start()
+    return pool, statuses, runner
+
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + DEADLINE
     while not predicate():
@@ -57,12 +72,7 @@ def test_a_child_restarted_during_a_store_outage_waits_it_out(
             "endpoint_url": proxy.endpoint_url, "connect_timeout_seconds": 1.0,
             "read_timeout_seconds": 2.0,
         }, polling={"interval_seconds": 0.2})
-        pool = WorkerPool(cfg, [TOPIC], "tests.runtime_handlers:record", processes=1,
-                          threads=1, restart_backoff_seconds=0.05,
-                          restart_backoff_max_seconds=0.2, max_start_failures=3)
-        statuses: list[int] = []
-        runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
-        runner.start()
+        pool, statuses, runner = start_recording_pool(cfg, TOPIC)
         try:
             first = producer.publish(TOPIC, {"n": 0})
             wait_for(lambda: first in handled(tmp_path), "the first message handled")
