@@ -10,6 +10,13 @@ order they are sent, and the actor resumes when the last branch ends. Events at 
 same virtual time run in the order they were scheduled, so a run is a pure function of
 its inputs.
 
+Retries: a request's delays may name a third figure, ``resend``: the attempts before
+never reached the server (a reset, a timeout) and the client's S3 layer sends the one
+that does ``resend`` seconds after the request was made. A Put or Delete with a
+``retry_by`` gets DeadlineExceeded instead when that retry would leave after it (the
+first attempt always goes), as the real stores do; with ``honour_retry_by=False`` the
+model ignores ``retry_by`` (a client without it).
+
 The server: last-writer-wins objects, ETag = md5 of the body (or, with ``opaque_etags``,
 a fresh value per write), read-after-write, and
 If-None-Match / If-Match honoured only when the flag says so (a server that ignores
@@ -34,7 +41,7 @@ from typing import Any
 import attrs
 
 from pawn_queue_sync.encoding import md5_hex
-from pawn_queue_sync.errors import ConditionFailed, ObjectNotFound
+from pawn_queue_sync.errors import ConditionFailed, DeadlineExceeded, ObjectNotFound
 from pawn_queue_sync.protocol.effects import (
     Delete,
     Effect,
@@ -51,8 +58,9 @@ from pawn_queue_sync.storage.listing import build_listing
 
 ORIGIN = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
-#: One request's delays: a number (both ways) or (to_server, back).
-Delay = float | tuple[float, float]
+#: One request's delays: a number (both ways), (to_server, back), or (to_server, back,
+#: resend): the attempt that reaches the server leaves ``resend`` s after the request.
+Delay = float | tuple[float, float] | tuple[float, float, float]
 #: Per actor: one Delay for every request, a list (item i for request i, the last one
 #: repeats), or a function of (request index, effect).
 DelaySpec = Delay | Sequence[Delay] | Callable[[int, Effect], Delay]
@@ -120,8 +128,9 @@ class SimS3:
 
     def __init__(
         self, *, if_none_match: bool = True, if_match: bool = True, time_resolution: float = 0.0,
-        opaque_etags: bool = False,
+        opaque_etags: bool = False, honour_retry_by: bool = True,
     ) -> None:
+        self.honour_retry_by = honour_retry_by
         self.if_none_match = if_none_match
         #: ETags unrelated to the bytes (SSE-KMS, some gateways): one fresh value per write
         self.opaque_etags = opaque_etags
@@ -177,7 +186,8 @@ class SimS3:
     def _at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
-    def _delay(self, actor: _Actor, effect: Effect) -> tuple[float, float]:
+    def _delay(self, actor: _Actor, effect: Effect) -> tuple[float, float, float]:
+        """(to the server, back, resend) of the actor's next request."""
         spec, i = actor.delays, actor.counter.requests
         if callable(spec):
             d = spec(i, effect)
@@ -185,10 +195,11 @@ class SimS3:
             d = spec[min(i, len(spec) - 1)]
         else:
             d = spec
-        to, back = (d, d) if isinstance(d, (int, float)) else d
-        if to < 0 or back < 0:
+        to, back, *more = (d, d) if isinstance(d, (int, float)) else d
+        resend = more[0] if more else 0.0
+        if to < 0 or back < 0 or resend < 0:
             raise ValueError("delays cannot be negative")
-        return float(to), float(back)
+        return float(to), float(back), float(resend)
 
     def _step(self, actor: _Actor, result: Any, error: BaseException | None, first=False) -> None:
         """Resume the actor with a result (or an exception) and schedule its next effect."""
@@ -214,8 +225,15 @@ class SimS3:
         if isinstance(effect, Parallel):
             self._fork(actor, effect.branches)
             return
-        to, back = self._delay(actor, effect)
+        to, back, resend = self._delay(actor, effect)
         actor.counter.requests += 1
+        retry_by = getattr(effect, "retry_by", None) if self.honour_retry_by else None
+        if resend > 0 and retry_by is not None and self.now + resend > retry_by:
+            late = DeadlineExceeded("the retry-by time comes before the attempt",
+                                    key=getattr(effect, "key", None))
+            when = max(self.now, min(self.now + resend, retry_by))
+            self._at(when, lambda: self._step(actor, None, late))
+            return
 
         def arrive() -> None:
             try:
@@ -224,7 +242,7 @@ class SimS3:
                 res, err = None, exc
             self._at(self.now + back, lambda: self._step(actor, res, err))
 
-        self._at(self.now + to, arrive)
+        self._at(self.now + resend + to, arrive)
 
     def _end(self, actor: _Actor, value: Any, error: BaseException | None) -> None:
         if actor.join is not None:

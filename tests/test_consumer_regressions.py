@@ -306,8 +306,8 @@ class _AfterDelete(MemoryStore):
         self.deleted = threading.Event()
 
     def delete(self, key: str, *, if_match: str | None = None,
-               deadline: float | None = None) -> None:
-        super().delete(key, if_match=if_match, deadline=deadline)
+               deadline: float | None = None, retry_by: float | None = None) -> None:
+        super().delete(key, if_match=if_match, deadline=deadline, retry_by=retry_by)
         if key == self.watch:
             self.deleted.set()
 
@@ -447,7 +447,8 @@ class OpaqueEtags(MemoryStore):
     which ignores conditional headers (so the queue runs csprng_verify without If-Match)."""
 
     def put(self, key: str, body: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None, deadline: float | None = None) -> PutResult:
+            if_match: str | None = None, deadline: float | None = None,
+            retry_by: float | None = None) -> PutResult:
         self._check_key(key)
         self._before("put", key)
         etag = secrets.token_hex(16)
@@ -457,8 +458,8 @@ class OpaqueEtags(MemoryStore):
         return PutResult(key=key, etag=etag, server_time=now)
 
     def delete(self, key: str, *, if_match: str | None = None,
-               deadline: float | None = None) -> None:
-        super().delete(key, deadline=deadline)
+               deadline: float | None = None, retry_by: float | None = None) -> None:
+        super().delete(key, deadline=deadline, retry_by=retry_by)
 
 
 @pytest.mark.parametrize("strategy", ["csprng_batch", "csprng_per_key"])

@@ -137,10 +137,12 @@ class Scripted:
                 rule.after()
 
     # the storage protocol
-    def put(self, key, body, *, if_none_match=False, if_match=None, deadline=None):
+    def put(self, key, body, *, if_none_match=False, if_match=None, deadline=None,
+            retry_by=None):
         return self._call("put", key, if_none_match or if_match is not None,
                           lambda: self.inner.put(key, body, if_none_match=if_none_match,
-                                                 if_match=if_match, deadline=deadline))
+                                                 if_match=if_match, deadline=deadline,
+                                                 retry_by=retry_by))
 
     def get(self, key):
         return self._call("get", key, False, lambda: self.inner.get(key))
@@ -148,9 +150,10 @@ class Scripted:
     def head(self, key):
         return self._call("head", key, False, lambda: self.inner.head(key))
 
-    def delete(self, key, *, if_match=None, deadline=None):
+    def delete(self, key, *, if_match=None, deadline=None, retry_by=None):
         return self._call("delete", key, if_match is not None,
-                          lambda: self.inner.delete(key, if_match=if_match, deadline=deadline))
+                          lambda: self.inner.delete(key, if_match=if_match, deadline=deadline,
+                                                    retry_by=retry_by))
 
     def delete_many(self, keys, *, deadline=None, etags=None):
         keys = list(keys)

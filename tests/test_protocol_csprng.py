@@ -35,8 +35,10 @@ FAST = settings(
 @attrs.frozen
 class Claimer:
     start_ms: int
-    #: (to server, back) for request i; the last pair repeats for the later requests
-    delays_us: tuple[tuple[int, int], ...]
+    #: (to server, back) or (to server, back, resend) for request i (tests.sim_s3: the
+    #: attempt that reaches the server leaves ``resend`` after the request, the earlier
+    #: ones were lost); the last one repeats for the later requests
+    delays_us: tuple[tuple[int, ...], ...]
     seed: int
 
 
@@ -47,12 +49,15 @@ class Schedule:
 
     @property
     def max_delay_ms(self) -> float:
-        return max(max(d) for c in self.claimers for d in c.delays_us) / 1000
+        """The longest one-way delay (resends are not delays: each attempt's own are)."""
+        return max(max(d[:2]) for c in self.claimers for d in c.delays_us) / 1000
 
 
 @st.composite
-def schedules(draw, *, bounded: bool, max_claimers: int = 16):
-    """2..16 claimers; with ``bounded`` every one-way delay is below jitter_min_ms."""
+def schedules(draw, *, bounded: bool, max_claimers: int = 16, resends: bool = False):
+    """2..16 claimers; with ``bounded`` every one-way delay is below jitter_min_ms; with
+    ``resends``, requests may also be retried by the S3 layer (their first attempts
+    lost) up to four claims' length later."""
     jmin = draw(st.integers(5, 200))
     cfg = CsprngSettings(
         jitter_min_ms=jmin,
@@ -64,13 +69,16 @@ def schedules(draw, *, bounded: bool, max_claimers: int = 16):
     # Extremes often: the races that matter sit at the edges of the allowed delays.
     delay = st.one_of(st.sampled_from([0, top_us]), st.integers(0, top_us))
     window_ms = 2 * (cfg.jitter_max_ms + jmin)  # starts spread over about one claim
+    request = st.tuples(delay, delay)
+    if resends:
+        resend = st.one_of(st.just(0), st.integers(0, 2 * window_ms * 1000))
+        request = st.tuples(delay, delay, resend)
     claimers = draw(
         st.lists(
             st.builds(
                 Claimer,
                 start_ms=st.one_of(st.just(0), st.integers(0, window_ms)),
-                delays_us=st.lists(st.tuples(delay, delay), min_size=1,
-                                   max_size=REQUESTS).map(tuple),
+                delays_us=st.lists(request, min_size=1, max_size=REQUESTS).map(tuple),
                 seed=st.integers(0, 2**32 - 1),
             ),
             min_size=2,
@@ -80,16 +88,18 @@ def schedules(draw, *, bounded: bool, max_claimers: int = 16):
     return Schedule(cfg, tuple(claimers))
 
 
-def run_schedule(schedule: Schedule) -> tuple[SimS3, dict[str, str]]:
+def run_schedule(
+    schedule: Schedule, honour_retry_by: bool = True
+) -> tuple[SimS3, dict[str, str]]:
     """Run every claimer on a fresh server; returns it and {claimer: token} of believers."""
-    sim = SimS3(if_none_match=False, if_match=False)
+    sim = SimS3(if_none_match=False, if_match=False, honour_retry_by=honour_retry_by)
     for i, c in enumerate(schedule.claimers):
         body = LeaseBody.new(f"c{i}", "m", ORIGIN, 30.0)
         sim.spawn(
             f"c{i}",
             claim_csprng(KEY, body, schedule.settings, random.Random(c.seed)),
             start=c.start_ms / 1000,
-            delays=[(to / 1e6, back / 1e6) for to, back in c.delays_us],
+            delays=[tuple(d / 1e6 for d in delays) for delays in c.delays_us],
         )
     outcomes = sim.run()
     for name, out in outcomes.items():
@@ -194,3 +204,66 @@ def test_one_microsecond_less_and_the_counterexample_is_safe():
                                          claimers=(COUNTEREXAMPLE.claimers[0], slow)))
     assert list(won) == ["c1"]
     assert sim.objects[KEY].etag == won["c1"]
+
+
+# -- retries by the S3 layer (the chaos suite's scenario 1 miss) ---------------------------
+
+
+#: c1 HEADs the key at t=0 (free) and PUTs at once, but that attempt is lost (a reset)
+#: and the S3 layer sends the retry 30 ms later; meanwhile c0 (from t=1 ms) finds the
+#: key free, writes, verifies and confirms (done at 11 ms). A retry sent that late
+#: would land on c0's verified lease.
+RETRIED = Schedule(
+    CsprngSettings(jitter_min_ms=5, jitter_max_ms=5, verify_retries=0, verify_retry_delay_ms=0),
+    (
+        Claimer(start_ms=1, delays_us=((0, 0),), seed=0),
+        Claimer(start_ms=0, delays_us=((0, 0), (0, 0, 30_000), (0, 0)), seed=0),
+    ),
+)
+
+
+def test_a_lease_put_retried_late_would_take_a_verified_lease():
+    """Without the retry bound (a client that retries whenever): the duplicate."""
+    sim, won = run_schedule(RETRIED, honour_retry_by=False)
+    assert sorted(won) == ["c0", "c1"]
+    overwrite = sim.log[-1]
+    assert (overwrite.actor, overwrite.before.writer) == ("c1", "c0")
+    assert overwrite.at > sim.outcomes["c0"].finished_at
+
+
+def test_the_retry_bound_stops_that_retry_and_c1_loses():
+    """With it: c1's retry would leave 30 ms after its check, past ``jitter_min`` (5 ms),
+    so it is not sent; c1 verifies whether its lost attempt landed, finds c0's bytes,
+    and loses. One believer, and nothing written after c0's lease."""
+    sim, won = run_schedule(RETRIED)
+    assert list(won) == ["c0"]
+    assert sim.objects[KEY].etag == won["c0"]
+    assert [e.actor for e in sim.log] == ["c0"]
+
+
+@FAST
+@example(RETRIED)
+@given(schedules(bounded=True, resends=True))
+def test_within_the_bound_retries_never_make_two_believers(schedule):
+    """One-way delays under jitter_min_ms, any request retried at any time: at most one
+    believer (none when every write was cut short), and a believer's lease is the last
+    write. The retry bound (``retry_by``) is what makes this hold: the test below
+    finds a duplicate without it."""
+    sim, won = run_schedule(schedule)
+    assert len(won) <= 1, won
+    if won:
+        (winner, token), = won.items()
+        stored = sim.objects[KEY]
+        assert (stored.etag, stored.writer) == (token, winner)
+        assert sim.log[-1].after == stored
+
+
+def test_hypothesis_finds_a_duplicate_from_retries_without_the_bound():
+    found = find(
+        schedules(bounded=True, resends=True),
+        lambda s: len(run_schedule(s, honour_retry_by=False)[1]) >= 2,
+        settings=settings(max_examples=500, derandomize=True, database=None, deadline=None,
+                          phases=[Phase.generate], suppress_health_check=list(HealthCheck)),
+    )
+    assert found.max_delay_ms < found.settings.jitter_min_ms  # within the delay bound
+    assert believers(found) <= 1  # and safe with it

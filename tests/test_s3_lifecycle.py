@@ -132,6 +132,60 @@ def test_a_deadline_far_off_changes_nothing(recorder: Recorder, fast: bool) -> N
     assert [seen.method for seen in recorder.seen] == ["DELETE", "POST", "PUT"]
 
 
+def _retry_by_calls(store: S3Store) -> dict[str, Callable[[float], Any]]:
+    return {
+        "delete": lambda t: store.delete("t/k", retry_by=t),
+        "put": lambda t: store.put("t/k", b"{}", retry_by=t),
+    }
+
+
+def _slow_down(seen: Seen) -> Reply:
+    return (503, {"Content-Type": "application/xml"},
+            b"<Error><Code>SlowDown</Code><Message>later</Message></Error>")
+
+
+@PATHS
+@pytest.mark.parametrize("op", ["delete", "put"])
+def test_retry_by_bounds_the_retries_not_the_first_attempt(
+    recorder: Recorder, fast: bool, op: str
+) -> None:
+    """``retry_by`` (a csprng claim's lease write): the first attempt goes whatever the
+    time; no retry leaves after it (a server answering 503 every time)."""
+    recorder.reply = _slow_down
+    store = store_at(recorder.endpoint(), fast=fast, max_attempts=10)
+    by = time.monotonic() + 0.3
+    exc = _run_bounded(lambda: _retry_by_calls(store)[op](by))
+    assert isinstance(exc, errors.DeadlineExceeded), repr(exc)
+    assert exc.transient
+    assert len(recorder.seen) >= 1 and all(seen.arrived < by for seen in recorder.seen)
+    recorder.seen.clear()  # already past: the first attempt, and no retry
+    exc = _run_bounded(lambda: _retry_by_calls(store)[op](time.monotonic() - 1))
+    assert isinstance(exc, errors.DeadlineExceeded), repr(exc)
+    assert len(recorder.seen) == 1
+    recorder.reply = None  # a server that answers: done, even past retry_by
+    _retry_by_calls(store)[op](time.monotonic() - 1)
+    assert len(recorder.seen) == 2
+
+
+@PATHS
+@pytest.mark.parametrize("op", ["delete", "put"])
+def test_retry_by_does_not_cut_the_wait_for_an_answer(
+    recorder: Recorder, fast: bool, op: str
+) -> None:
+    """An attempt sent in time waits for its answer as long as it would without
+    ``retry_by`` (unlike a deadline): the answer, not a timeout and a retry."""
+    answered = threading.Event()
+
+    def slow(seen: Seen) -> Reply:
+        answered.wait(0.4)  # the answer comes 0.4 s later, long past retry_by
+        return default_reply(seen)
+
+    recorder.reply = slow
+    store = store_at(recorder.endpoint(), fast=fast, max_attempts=5)
+    assert _run_bounded(lambda: _retry_by_calls(store)[op](time.monotonic() + 0.05)) is None
+    assert len(recorder.seen) == 1
+
+
 def test_memory_and_local_stores_take_a_deadline(tmp_path: Any) -> None:
     from pawn_queue_sync.storage.local import LocalStore
 
@@ -148,6 +202,8 @@ def test_memory_and_local_stores_take_a_deadline(tmp_path: Any) -> None:
         with pytest.raises(errors.DeadlineExceeded):
             store.put("t/k", b"[]", deadline=past)
         assert store.get("t/k").body == b"{}"  # nothing happened past the deadline
+        store.put("t/k", b"[]", retry_by=past)  # one attempt: nothing to retry
+        store.delete("t/k", retry_by=past)
 
 
 # ----------------------------------------------------------------------- 7. fork

@@ -25,10 +25,15 @@ T = TypeVar("T")
 
 @attrs.frozen
 class Put:
+    """Write ``body`` at ``key``. ``retry_by`` (the clock's monotonic seconds): no
+    attempt leaves after it, retries included (DeadlineExceeded): a write whose safety
+    rests on landing soon after a check must not be retried later (a csprng claim)."""
+
     key: str
     body: bytes
     if_none_match: bool = False
     if_match: str | None = None
+    retry_by: float | None = None
 
 
 @attrs.frozen
@@ -43,8 +48,11 @@ class Get:
 
 @attrs.frozen
 class Delete:
+    """Delete ``key``; ``retry_by`` as for :class:`Put`."""
+
     key: str
     if_match: str | None = None
+    retry_by: float | None = None
 
 
 @attrs.frozen
@@ -86,14 +94,15 @@ def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = 
     after the other without one)."""
     if isinstance(effect, Put):
         return store.put(
-            effect.key, effect.body, if_none_match=effect.if_none_match, if_match=effect.if_match
+            effect.key, effect.body, if_none_match=effect.if_none_match, if_match=effect.if_match,
+            **_retry_bound(effect.retry_by),
         )
     if isinstance(effect, Head):
         return store.head(effect.key)
     if isinstance(effect, Get):
         return store.get(effect.key)
     if isinstance(effect, Delete):
-        return store.delete(effect.key, if_match=effect.if_match)
+        return store.delete(effect.key, if_match=effect.if_match, **_retry_bound(effect.retry_by))
     if isinstance(effect, List):
         return store.list(effect.prefix, limit=effect.limit, start_after=effect.start_after)
     if isinstance(effect, Sleep):
@@ -103,6 +112,11 @@ def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = 
     if isinstance(effect, Parallel):
         return _parallel(effect.branches, store, clock, pool)
     raise TypeError(f"unknown effect {effect!r}")
+
+
+def _retry_bound(retry_by: float | None) -> dict[str, float]:
+    """The ``retry_by`` keyword when there is one (a store without it is never sent it)."""
+    return {} if retry_by is None else {"retry_by": retry_by}
 
 
 def _parallel(

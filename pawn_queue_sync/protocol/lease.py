@@ -27,7 +27,13 @@ from typing import Literal, TypeVar
 import attrs
 
 from ..encoding import canonical_json, iso, md5_hex
-from ..errors import ConditionFailed, LeaseLostError, ObjectNotFound, StorageError
+from ..errors import (
+    ConditionFailed,
+    DeadlineExceeded,
+    LeaseLostError,
+    ObjectNotFound,
+    StorageError,
+)
 from ..storage.base import PutResult
 from .effects import Delete, Head, List, Now, Parallel, Protocol, Put, Sleep
 
@@ -170,13 +176,42 @@ def claim_csprng(
     4. sleep ``jitter_min`` more and confirm once more.
 
     Safe when every request's one-way delay is below ``jitter_min_ms`` (see
-    docs/guarantees.md); returns our token, or None when we lost.
+    docs/guarantees.md); returns our token, or None when we lost. The write is not
+    retried later than the check allows (:func:`_checked`): a retry landing late
+    could overwrite a rival's lease after the rival verified it.
     """
     rng = rng or random.SystemRandom()
-    if not (yield from _free(key)):
+    retry_by = yield from _checked(_free(key), listing_fresh_for(settings))
+    if retry_by is None:
         return None  # someone holds it already: never overwrite a lease blindly
-    token = _token_of((yield Put(key, body.encode())), body)
+    token = yield from _write_lease(key, body, retry_by)
     return (yield from _verify(settings, rng, token, functools.partial(_kept, key)))
+
+
+def _checked(check: Protocol[bool], fresh: float) -> Protocol[float | None]:
+    """Run ``check`` (one request: :func:`_free`, :func:`_still_ours`): None when it
+    fails; else the last instant a write or delete relying on it may still be retried:
+    ``fresh`` (jitter_min) after sending the check, which the server answered later.
+    A request sent by then lands under ``2 x fresh`` after the check, as one made at
+    once on the answer does, given one-way delays under ``fresh`` (docs/guarantees.md).
+    (A check answered later than that leaves no time for retries: the first attempt,
+    made on the answer, is the only one.)"""
+    sent = yield Now()
+    if not (yield from check):
+        return None
+    return sent + fresh
+
+
+def _write_lease(key: str, body: LeaseBody, retry_by: float) -> Protocol[str]:
+    """Write a csprng lease on a key just found free; no retry leaves after
+    ``retry_by``. Returns our token -- also when ``retry_by`` cut the retries short: an
+    attempt sent in time may have been applied, so verification decides (our bytes are
+    unique; if none landed, it finds them absent and the claim is lost). Other store
+    errors are raised."""
+    try:
+        return _token_of((yield Put(key, body.encode(), retry_by=retry_by)), body)
+    except DeadlineExceeded:
+        return body.token
 
 
 def _verify(
@@ -280,7 +315,7 @@ def claim_csprng_batch(
         until = listed_at + fresh
         todo = [(key, body) for key, body in chunk if key not in taken]
         done = (
-            (yield Parallel(tuple(_put_if_free(k, b, until, errors) for k, b in todo)))
+            (yield Parallel(tuple(_put_if_free(k, b, until, fresh, errors) for k, b in todo)))
             if todo else []
         )
         written.update(zip((key for key, _ in todo), done))
@@ -335,20 +370,25 @@ class KeyRange:
 
 
 def _put_if_free(
-    key: str, body: LeaseBody, fresh_until: float, errors: list[StorageError] | None = None
+    key: str, body: LeaseBody, fresh_until: float, fresh: float,
+    errors: list[StorageError] | None = None,
 ) -> Protocol[str | None]:
     """Write our lease unless the key is held: the caller's listing says it is free
-    until ``fresh_until``, later a HEAD must. Returns our token, or None (held, or an
-    error, added to ``errors``: a lease we may have written goes stale and is reaped)."""
+    until ``fresh_until`` (``fresh`` seconds after it was sent), later a HEAD must. No
+    retry of the write leaves after ``fresh_until`` (or the HEAD's bound:
+    :func:`_checked`). Returns our token, or None (held, or an error, added to
+    ``errors``: a lease we may have written goes stale and is reaped)."""
     try:
-        if (yield Now()) > fresh_until and not (yield from _free(key)):
-            return None
-        result = yield Put(key, body.encode())
+        if (yield Now()) > fresh_until:
+            retry_by = yield from _checked(_free(key), fresh)
+            if retry_by is None:
+                return None
+            fresh_until = retry_by
+        return (yield from _write_lease(key, body, fresh_until))
     except StorageError as exc:
         if errors is not None:
             errors.append(exc)
         return None
-    return _token_of(result, body)
 
 
 def _still_ours(key: str, token: str) -> Protocol[bool]:
@@ -385,6 +425,10 @@ def refresh(
     Without If-Match this is check, write, and check again ``2 x jitter_min_ms`` later
     (``settings``, default CsprngSettings()): between our check and our write the lease
     may have been reaped and taken, and the taker's write may land just after ours.
+    The write leaves within ``jitter_min_ms`` of the check or not at all; when that
+    cut its retries short, the look after the delay tells what happened: our new
+    bytes (refreshed), our old ones (not refreshed: the DeadlineExceeded is raised, the
+    lease still ours under ``token``) or another's (lost).
     """
     if caps.if_match:
         try:
@@ -392,29 +436,46 @@ def refresh(
         except ConditionFailed:
             raise LeaseLostError(body.message_id, "refresh found another lease") from None
         return _token_of(result, body)
-    if not (yield from _still_ours(key, token)):
+    settings = settings or CsprngSettings()
+    retry_by = yield from _checked(_still_ours(key, token), listing_fresh_for(settings))
+    if retry_by is None:
         raise LeaseLostError(body.message_id, "refresh found another lease")
-    new = _token_of((yield Put(key, body.encode())), body)
-    yield Sleep(_confirm_delay(settings or CsprngSettings()))
-    if not (yield from _still_ours(key, new)):
-        raise LeaseLostError(body.message_id, "lease overwritten during refresh")
-    return new
+    cut: DeadlineExceeded | None = None
+    try:
+        new = _token_of((yield Put(key, body.encode(), retry_by=retry_by)), body)
+    except DeadlineExceeded as exc:
+        new, cut = body.token, exc
+    yield Sleep(_confirm_delay(settings))
+    if (yield from _still_ours(key, new)):
+        return new
+    if cut is not None and (yield from _still_ours(key, token)):
+        raise cut
+    raise LeaseLostError(body.message_id, "lease overwritten during refresh")
 
 
-def release(key: str, token: str, caps: Capabilities) -> Protocol[bool]:
-    """Delete our lease if it is still ours; True if we deleted it."""
+def release(
+    key: str, token: str, caps: Capabilities, settings: CsprngSettings | None = None
+) -> Protocol[bool]:
+    """Delete our lease if it is still ours; True if we deleted it. Without If-Match,
+    a HEAD then a DELETE sent within ``jitter_min_ms`` of it (``settings``, default
+    CsprngSettings()), never later: a late retry could remove a lease written since
+    (DeadlineExceeded is raised then; the DELETE may or may not have been applied)."""
     if caps.if_match:
         try:
             yield Delete(key, if_match=token)
         except ConditionFailed:
             return False
         return True
-    if not (yield from _still_ours(key, token)):
+    fresh = listing_fresh_for(settings or CsprngSettings())
+    retry_by = yield from _checked(_still_ours(key, token), fresh)
+    if retry_by is None:
         return False
-    yield Delete(key)
+    yield Delete(key, retry_by=retry_by)
     return True
 
 
-def reap(key: str, etag: str, caps: Capabilities) -> Protocol[bool]:
+def reap(
+    key: str, etag: str, caps: Capabilities, settings: CsprngSettings | None = None
+) -> Protocol[bool]:
     """Janitor: remove a stale lease only if it is still the version judged stale."""
-    return release(key, etag, caps)
+    return release(key, etag, caps, settings)

@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 
 from ..encoding import canonical_json, iso, md5_hex
-from ..errors import LeaseLostError, ObjectNotFound, SegmentError
+from ..errors import DeadlineExceeded, LeaseLostError, ObjectNotFound, SegmentError
 from . import lease as leases
 from . import runs as _runs
 from .effects import Delete, Get, Protocol
@@ -349,10 +349,11 @@ def take_over(
     with ``lease``: ours, carrying the same progress plus our hand-out. ``If-Match``
     the seen ETag; without If-Match, check-write-confirm as :func:`.lease.refresh`.
     Our token, or None when the lease changed since it was read (someone else took
-    it over, or its holder was alive after all)."""
+    it over, or its holder was alive after all), or when our write could not be sent
+    in time and did not land (the stale version stays for a later take-over)."""
     try:
         return (yield from leases.refresh(key, seen_etag, lease, caps, csprng))
-    except LeaseLostError:
+    except (LeaseLostError, DeadlineExceeded):
         return None
 
 
@@ -365,10 +366,14 @@ def record(
     return (yield from leases.refresh(key, token, lease, caps, csprng))
 
 
-def finish(caps: leases.Capabilities, key: str, token: str, segment_key: str) -> Protocol[None]:
+def finish(
+    caps: leases.Capabilities, key: str, token: str, segment_key: str,
+    csprng: leases.CsprngSettings | None = None,
+) -> Protocol[None]:
     """A segment whose every message is settled (that progress recorded): delete it,
-    then our lease (only while it is ``token``). A segment already gone is fine; a
-    lease no longer ours is left to whoever holds it (it finds the segment gone)."""
+    then our lease (only while it is ``token``; ``csprng`` bounds that release without
+    If-Match). A segment already gone is fine; a lease no longer ours is left to
+    whoever holds it (it finds the segment gone)."""
     with contextlib.suppress(ObjectNotFound):
         yield Delete(segment_key)
-    yield from leases.release(key, token, caps)
+    yield from leases.release(key, token, caps, csprng)

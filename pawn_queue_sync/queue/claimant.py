@@ -106,8 +106,8 @@ class Claimant:
     def drop_lease(self, lease_key: str, token: str) -> None:
         """Give a lease back (only while it is ``token``); a failure only logs."""
         try:
-            run(leases.release(lease_key, token, self.ctx.caps), self.ctx.store,
-                self.ctx.clock)
+            run(leases.release(lease_key, token, self.ctx.caps, self.ctx.csprng),
+                self.ctx.store, self.ctx.clock)
         except StorageError as exc:  # it will go stale and be reaped
             log.warning("could not give back lease %s: %s", lease_key, exc)
 

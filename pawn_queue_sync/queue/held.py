@@ -349,7 +349,7 @@ class HeldSegment:
             self.done = True
             ctx = self.claimant.ctx
             try:
-                run(segments.finish(ctx.caps, self.lease_key, self.token, self.key),
+                run(segments.finish(ctx.caps, self.lease_key, self.token, self.key, ctx.csprng),
                     ctx.store, ctx.clock)
             except StorageError as exc:  # the lease goes stale; a taker finishes it
                 log.warning("could not finish segment %s: %s", self.key, exc)

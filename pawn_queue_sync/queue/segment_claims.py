@@ -190,7 +190,7 @@ def reap_gone(claimant: Claimant, info: ObjectInfo) -> None:
     before deleting its lease), only if it is still the version judged stale."""
     ctx = claimant.ctx
     try:
-        if run(leases.reap(info.key, info.etag, ctx.caps), ctx.store, ctx.clock):
+        if run(leases.reap(info.key, info.etag, ctx.caps, ctx.csprng), ctx.store, ctx.clock):
             log.info("removed stale lease %s (its segment is gone)", info.key)
     except StorageError as exc:
         log.warning("could not remove stale lease %s: %s", info.key, exc)

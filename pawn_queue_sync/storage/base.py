@@ -25,6 +25,14 @@ Deadlines: ``put``, ``delete`` and ``delete_many`` take ``deadline``, a
 attempt (retries included) is sent after it, each attempt's read timeout is capped by
 the time left, and once it has passed the call raises :class:`DeadlineExceeded`. An
 attempt sent before the deadline may still be applied by the server after it.
+
+``put`` and ``delete`` also take ``retry_by`` (same clock): the first attempt is sent
+at once, whatever the time, but no retry is sent after ``retry_by`` -- one whose backoff
+would end past it is not made (DeadlineExceeded) -- and each attempt waits for its
+answer as usual. A csprng_verify claim needs exactly this: its lease write, made right
+after the check that found the key free, must not be sent again later (a retry landing
+late could overwrite a rival's verified lease), while how long an answer takes back
+does not matter (docs/guarantees.md). The local and memory stores make one attempt.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ __all__ = [
     "StoreClosed",
     "DeadlineExceeded",
     "DELETE_BATCH",
+    "last_send",
     "time_left",
 ]
 
@@ -68,6 +77,13 @@ DELETE_BATCH = 1000
 def normalize_etag(etag: str | None) -> str:
     """``'"ABC"'`` -> ``'abc'``: servers differ in quoting and case."""
     return (etag or "").strip().strip('"').lower()
+
+
+def last_send(deadline: float | None, retry_by: float | None) -> float | None:
+    """The last instant a retry may be sent under a ``deadline`` and a ``retry_by``
+    (either may be None: no bound)."""
+    bounds = [t for t in (deadline, retry_by) if t is not None]
+    return min(bounds) if bounds else None
 
 
 def time_left(deadline: float | None, now: float, op: str, key: str | None = None) -> float:
@@ -139,10 +155,11 @@ class Store(Protocol):
         if_none_match: bool = False,
         if_match: str | None = None,
         deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> PutResult:
         """Write ``body``. ``if_none_match`` creates only; ``if_match`` replaces only
         the version with that ETag. Raises ConditionFailed otherwise (and
-        DeadlineExceeded: see the module docstring)."""
+        DeadlineExceeded: see the module docstring for ``deadline`` and ``retry_by``)."""
 
     def get(self, key: str) -> GetResult:
         """Read a whole object. Raises ObjectNotFound."""
@@ -151,10 +168,12 @@ class Store(Protocol):
         """Read an object's metadata. Raises ObjectNotFound."""
 
     def delete(
-        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> None:
         """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it.
-        With ``deadline``, nothing is sent after it (DeadlineExceeded)."""
+        With ``deadline``, nothing is sent after it; with ``retry_by``, no retry
+        (DeadlineExceeded)."""
 
     def delete_many(
         self, keys: Iterable[str], *, deadline: float | None = None,

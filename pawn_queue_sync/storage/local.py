@@ -165,10 +165,12 @@ class LocalStore:
         if_none_match: bool = False,
         if_match: str | None = None,
         deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> PutResult:
         """Write ``body`` atomically; create-only with ``if_none_match``, replace-only
         the version with ETag ``if_match``. Raises ConditionFailed otherwise, and
-        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came."""
+        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came.
+        One attempt: no retry for ``retry_by`` to bound."""
         path = self._path(key)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise StorageError(f"body must be bytes, not {type(body).__name__}", key=key)
@@ -224,10 +226,12 @@ class LocalStore:
         return info
 
     def delete(
-        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> None:
         """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it;
-        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came."""
+        DeadlineExceeded if ``deadline`` (monotonic) passed before the key's lock came;
+        ``retry_by`` as for :meth:`put`."""
         path = self._path(key)
         with self._translate("delete", key), self._locked(key):
             time_left(deadline, time.monotonic(), "delete", key)

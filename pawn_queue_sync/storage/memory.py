@@ -93,10 +93,12 @@ class MemoryStore:
         if_none_match: bool = False,
         if_match: str | None = None,
         deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> PutResult:
         """Write ``body``; create-only with ``if_none_match``, replace-only the version
         with ETag ``if_match``. Raises ConditionFailed otherwise, and DeadlineExceeded
-        past ``deadline`` (on the injected clock's ``monotonic()``)."""
+        past ``deadline`` (on the injected clock's ``monotonic()``). One attempt: no
+        retry for ``retry_by`` to bound."""
         self._check_key(key)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise StorageError(f"body must be bytes, not {type(body).__name__}", key=key)
@@ -135,10 +137,12 @@ class MemoryStore:
         )
 
     def delete(
-        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> None:
         """Delete; a missing key is fine without ``if_match`` and ConditionFailed with it;
-        DeadlineExceeded past ``deadline`` (on the injected clock's ``monotonic()``)."""
+        DeadlineExceeded past ``deadline`` (on the injected clock's ``monotonic()``);
+        ``retry_by`` as for :meth:`put`."""
         self._check_key(key)
         self._before("delete", key)
         time_left(deadline, self._clock.monotonic(), "delete", key)

@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ...errors import DeadlineExceeded, StorageError, StoreUnavailable
-from ..base import GetResult, ObjectInfo, PutResult, normalize_etag, time_left
+from ..base import GetResult, ObjectInfo, PutResult, last_send, normalize_etag, time_left
 from .answers import Page
 from .retries import backoff, retryable
 from .times import http_date, listed_time, utc
@@ -21,6 +23,17 @@ if TYPE_CHECKING:
     from ...config import S3Config
 
 __all__ = ["BotoTransport"]
+
+
+@attrs.define
+class _Bound:
+    """The bounds of one boto3 call (monotonic instants) and its attempts so far."""
+
+    deadline: float | None
+    retry_by: float | None
+    op: str
+    key: str | None
+    attempts: int = 0
 
 
 class BotoTransport:
@@ -35,7 +48,7 @@ class BotoTransport:
         self._errors = translator
         self._owned = owned
         self._bucket = translator.bucket
-        # (deadline, op, key) of this thread's boto3 call, for the client's event hooks
+        # the _Bound of this thread's boto3 call, for the client's event hooks
         self._bounds = threading.local()
         events = client.meta.events
         if owned:
@@ -59,16 +72,17 @@ class BotoTransport:
 
     def call(
         self, op: str, key: str | None, conditional: bool = False, *,
-        deadline: float | None = None, **kwargs: Any,
+        deadline: float | None = None, retry_by: float | None = None, **kwargs: Any,
     ) -> Any:
         """Run one client operation, translating every failure into a StorageError;
-        with a ``deadline`` (monotonic), bounded as :meth:`_before_send` and
-        :meth:`_before_retry` say."""
+        with a ``deadline`` or ``retry_by`` (monotonic), bounded as :meth:`_before_send`
+        and :meth:`_before_retry` say."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         if deadline is not None:
             time_left(deadline, time.monotonic(), op, key)
-        self._bounds.current = None if deadline is None else (deadline, op, key)
+        bounded = deadline is not None or retry_by is not None
+        self._bounds.current = _Bound(deadline, retry_by, op, key) if bounded else None
         try:
             return getattr(self.client, op)(Bucket=self._bucket, **kwargs)
         except ClientError as exc:
@@ -100,13 +114,19 @@ class BotoTransport:
             self._bounds.current = None
 
     def _before_send(self, request: Any, **_: Any) -> None:
-        """botocore's ``before-send`` of a call with a deadline: no attempt after it
-        (DeadlineExceeded), and this attempt waits for its answer only until then."""
+        """botocore's ``before-send`` of a bounded call: no attempt after its deadline
+        and no retry after its ``retry_by`` (DeadlineExceeded); an attempt waits for its
+        answer only until the deadline (as long as it would without one)."""
         bound = getattr(self._bounds, "current", None)
         if bound is None:
             return
-        deadline, op, key = bound
-        left = time_left(deadline, time.monotonic(), op, key)
+        bound.attempts += 1
+        now, op, key = time.monotonic(), bound.op, bound.key
+        if bound.attempts > 1:
+            time_left(bound.retry_by, now, op, key)
+        if bound.deadline is None:
+            return
+        left = time_left(bound.deadline, now, op, key)
         context = getattr(request, "context", None)
         if isinstance(context, dict):  # botocore's per-request read timeout
             context["read_timeout"] = min(self._config.read_timeout_seconds, left)
@@ -114,9 +134,9 @@ class BotoTransport:
     def _before_retry(
         self, attempts: int, response: Any = None, caught_exception: Any = None, **_: Any
     ) -> float | None:
-        """botocore's ``needs-retry`` of a call with a deadline: the standard mode's
-        decision and backoff, except that a retry whose backoff would end past the
-        deadline is not made (DeadlineExceeded at once). None: botocore decides."""
+        """botocore's ``needs-retry`` of a bounded call: the standard mode's decision
+        and backoff, except that a retry whose backoff would end past the deadline or
+        the ``retry_by`` is not made (DeadlineExceeded at once). None: botocore decides."""
         bound = getattr(self._bounds, "current", None)
         if bound is None or attempts >= self._config.max_attempts:
             return None
@@ -132,11 +152,11 @@ class BotoTransport:
             retry = retryable(int(http.status_code), code=str(error.get("Code", "")))
         if not retry:
             return None
-        deadline, op, key = bound
         delay = backoff(attempts)
-        if time.monotonic() + delay >= deadline:
+        last = last_send(bound.deadline, bound.retry_by)
+        if last is not None and time.monotonic() + delay >= last:
             raise DeadlineExceeded(
-                f"{op}: the deadline comes before attempt {attempts + 1}", key=key
+                f"{bound.op}: the deadline comes before attempt {attempts + 1}", key=bound.key
             )
         return delay
 
@@ -149,7 +169,7 @@ class BotoTransport:
 
     def put(
         self, key: str, body: bytes, *, if_none_match: bool, if_match: str | None,
-        deadline: float | None,
+        deadline: float | None, retry_by: float | None = None,
     ) -> PutResult:
         kwargs: dict[str, Any] = {"Key": key, "Body": body, "ContentType": "application/json"}
         if if_none_match:
@@ -157,7 +177,8 @@ class BotoTransport:
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
         conditional = if_none_match or if_match is not None
-        resp = self.call("put_object", key, conditional, deadline=deadline, **kwargs)
+        resp = self.call("put_object", key, conditional, deadline=deadline, retry_by=retry_by,
+                         **kwargs)
         return PutResult(key, normalize_etag(resp.get("ETag")), self.server_time(resp))
 
     def get(self, key: str) -> GetResult:
@@ -186,11 +207,15 @@ class BotoTransport:
             last_modified=utc(resp.get("LastModified")),
         )
 
-    def delete(self, key: str, *, if_match: str | None, deadline: float | None) -> None:
+    def delete(
+        self, key: str, *, if_match: str | None, deadline: float | None,
+        retry_by: float | None = None,
+    ) -> None:
         kwargs: dict[str, Any] = {"Key": key}
         if if_match is not None:
             kwargs["IfMatch"] = f'"{if_match}"'
-        self.call("delete_object", key, if_match is not None, deadline=deadline, **kwargs)
+        self.call("delete_object", key, if_match is not None, deadline=deadline,
+                  retry_by=retry_by, **kwargs)
 
     def delete_objects(
         self, keys: list[str], etags: Mapping[str, str], deadline: float | None

@@ -56,7 +56,7 @@ class FastTransport:
 
     def put(
         self, key: str, body: bytes, *, if_none_match: bool, if_match: str | None,
-        deadline: float | None,
+        deadline: float | None, retry_by: float | None = None,
     ) -> PutResult:
         headers = {}
         if if_none_match:
@@ -65,7 +65,7 @@ class FastTransport:
             headers["if-match"] = f'"{if_match}"'
         conditional = if_none_match or if_match is not None
         answer = self._send("put_object", key, conditional, self.wire.put, key, body, headers,
-                            deadline)
+                            deadline, retry_by)
         return PutResult(
             key, normalize_etag(answer.headers.get("etag")), http_date(answer.headers.get("date"))
         )
@@ -89,10 +89,13 @@ class FastTransport:
             last_modified=utc(http_date(h.get("last-modified"))),
         )
 
-    def delete(self, key: str, *, if_match: str | None, deadline: float | None) -> None:
+    def delete(
+        self, key: str, *, if_match: str | None, deadline: float | None,
+        retry_by: float | None = None,
+    ) -> None:
         headers = {} if if_match is None else {"if-match": f'"{if_match}"'}
         self._send("delete_object", key, if_match is not None, self.wire.delete, key, headers,
-                   deadline)
+                   deadline, retry_by)
 
     def delete_objects(
         self, keys: list[str], etags: Mapping[str, str], deadline: float | None

@@ -170,9 +170,11 @@ class S3Store:
         if_none_match: bool = False,
         if_match: str | None = None,
         deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> PutResult:
         return self._process().hot.put(
-            key, body, if_none_match=if_none_match, if_match=if_match, deadline=deadline
+            key, body, if_none_match=if_none_match, if_match=if_match, deadline=deadline,
+            retry_by=retry_by,
         )
 
     def get(self, key: str) -> GetResult:
@@ -182,9 +184,10 @@ class S3Store:
         return self._process().hot.head(key)
 
     def delete(
-        self, key: str, *, if_match: str | None = None, deadline: float | None = None
+        self, key: str, *, if_match: str | None = None, deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> None:
-        self._process().hot.delete(key, if_match=if_match, deadline=deadline)
+        self._process().hot.delete(key, if_match=if_match, deadline=deadline, retry_by=retry_by)
 
     def delete_many(
         self, keys: Iterable[str], *, deadline: float | None = None,

@@ -39,14 +39,17 @@ class Transport(Protocol):
 
     def put(
         self, key: str, body: bytes, *, if_none_match: bool, if_match: str | None,
-        deadline: float | None,
+        deadline: float | None, retry_by: float | None = None,
     ) -> PutResult: ...
 
     def get(self, key: str) -> GetResult: ...
 
     def head(self, key: str) -> ObjectInfo: ...
 
-    def delete(self, key: str, *, if_match: str | None, deadline: float | None) -> None: ...
+    def delete(
+        self, key: str, *, if_match: str | None, deadline: float | None,
+        retry_by: float | None = None,
+    ) -> None: ...
 
     def delete_objects(
         self, keys: list[str], etags: Mapping[str, str], deadline: float | None

@@ -26,6 +26,7 @@ from xml.sax.saxutils import escape
 
 import attrs
 
+from ..base import last_send
 from .answers import Answer
 from .retries import backoff, retryable
 from .sigv4 import Signer, host_header
@@ -111,11 +112,13 @@ class WireClient:
     # -- requests ------------------------------------------------------------------
 
     def put(
-        self, key: str, body: bytes, headers: dict[str, str], deadline: float | None = None
+        self, key: str, body: bytes, headers: dict[str, str], deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> Answer:
         headers = {"content-type": "application/json", **headers}
         return self._send(
-            _Request("PutObject", "PUT", self._key_path(key), (), headers, body), deadline
+            _Request("PutObject", "PUT", self._key_path(key), (), headers, body), deadline,
+            retry_by,
         )
 
     def get(self, key: str) -> Answer:
@@ -125,10 +128,12 @@ class WireClient:
         return self._send(_Request("HeadObject", "HEAD", self._key_path(key), (), {}, b""))
 
     def delete(
-        self, key: str, headers: dict[str, str], deadline: float | None = None
+        self, key: str, headers: dict[str, str], deadline: float | None = None,
+        retry_by: float | None = None,
     ) -> Answer:
         return self._send(
-            _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b""), deadline
+            _Request("DeleteObject", "DELETE", self._key_path(key), (), headers, b""), deadline,
+            retry_by,
         )
 
     def delete_objects(
@@ -177,14 +182,21 @@ class WireClient:
 
     # -- sending, with botocore's standard retries ------------------------------------
 
-    def _send(self, req: _Request, deadline: float | None = None) -> Answer:
+    def _send(
+        self, req: _Request, deadline: float | None = None, retry_by: float | None = None
+    ) -> Answer:
         """Attempts until an answer that is not worth retrying; with a ``deadline``
         (monotonic), none is sent after it, each waits at most until it, and a backoff
-        that would end past it gives up at once (WireDeadline)."""
+        that would end past it gives up at once (WireDeadline). ``retry_by`` bounds only
+        the retries: the first attempt goes at once, no retry after it, and an attempt
+        waits for its answer as usual."""
+        last = last_send(deadline, retry_by)
         attempt = 0
         while True:
             attempt += 1
             timeout = None
+            if attempt > 1 and retry_by is not None and time.monotonic() >= retry_by:
+                raise WireDeadline(f"the retry-by time passed before attempt {attempt}")
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -202,7 +214,7 @@ class WireClient:
                 if not retryable(answer.status, answer) or attempt >= self._attempts:
                     return answer
             delay = backoff(attempt)
-            if deadline is not None and time.monotonic() + delay >= deadline:
+            if last is not None and time.monotonic() + delay >= last:
                 raise WireDeadline(f"the deadline comes before attempt {attempt + 1}")
             time.sleep(delay)
 
