@@ -20,6 +20,7 @@ from .errors import (
     ConditionFailed,
     ConfigError,
     DeadlineExceeded,
+    InvalidArgument,
     InvalidTopicName,
     LeaseConflictError,
     LeaseLostError,
@@ -37,11 +38,14 @@ from .errors import (
     StoreFull,
     StoreNotPortable,
     StoreUnavailable,
+    TopicNotEmptyError,
     TopicNotFoundError,
 )
 from .queue.consumer import Consumer
 from .queue.core import PawnQueue
+from .queue.deadletters import DeadLetter, RedriveResult
 from .queue.message import Message
+from .queue.peek import PeekedMessage
 from .queue.producer import Producer
 from .runtime import DrainResult, Listener, ListenOptions, drain
 
@@ -86,6 +90,11 @@ __all__ = [
     "ProbeError",
     "LeaseLostError",
     "LeaseConflictError",
+    "InvalidArgument",
+    "TopicNotEmptyError",
+    "DeadLetter",
+    "RedriveResult",
+    "PeekedMessage",
     "__version__",
 ]
 

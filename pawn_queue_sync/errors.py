@@ -30,6 +30,8 @@ __all__ = [
     "ProbeError",
     "LeaseLostError",
     "LeaseConflictError",
+    "InvalidArgument",
+    "TopicNotEmptyError",
 ]
 
 
@@ -63,6 +65,22 @@ class InvalidTopicName(PawnQueueError, ValueError):
     def __init__(self, topic: object, reason: str) -> None:
         self.topic = topic
         super().__init__(f"invalid topic name {topic!r}: {reason}")
+
+
+class InvalidArgument(PawnQueueError, ValueError):
+    """An argument out of its range (a rate of 0, a ``max`` below 1, an unknown
+    section, ...): raised before anything in the store changes."""
+
+
+class TopicNotEmptyError(PawnQueueError):
+    """``delete_topic`` refused: the topic still holds messages, segments, dead letters
+    or live leases (``what`` says which); ``force=True`` deletes them too."""
+
+    def __init__(self, topic: str, what: str) -> None:
+        self.topic = topic
+        self.what = what
+        super().__init__(f"topic {topic!r} is not empty ({what}); delete_topic(..., "
+                         "force=True) deletes it with everything in it")
 
 
 class PayloadError(PawnQueueError, ValueError):

@@ -121,6 +121,13 @@ class Context:
         with self._lock:
             self._known_topics.add(topic)
 
+    def forget_topic(self, topic: str) -> None:
+        """Drop what this process cached about ``topic`` (deleted: ``delete_topic``)."""
+        with self._lock:
+            self._known_topics.discard(topic)
+            self._packed_topics.discard(topic)
+            self._plain_seen.pop(topic, None)
+
     def topic_packed(self, topic: str) -> bool:
         """Whether ``topic`` is packed (its manifest ``{topic}/.packed`` exists): one HEAD,
         then cached in this process, a True for good (the manifest is never removed), a

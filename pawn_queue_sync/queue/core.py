@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -15,7 +15,9 @@ from ..errors import ConfigError, NotStartedError, RegistrationError
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from ..storage.factory import build_store, check_session_client
-from . import registry, stats, topics
+from . import deadletters, registry, stats, topics
+from . import peek as peeking
+from . import purge as purging
 from .consumer import Consumer
 from .context import Context
 from .producer import Producer
@@ -165,6 +167,43 @@ class PawnQueue:
         packed topic adds ``packed``, ``segments``, ``segment_messages`` and
         ``segments_leased`` (see :func:`~pawn_queue_sync.queue.stats.topic_stats`)."""
         return stats.topic_stats(self.context, topic)
+
+    def delete_topic(self, name: str, force: bool = False) -> int:
+        """Delete a topic; the number of objects deleted. Refuses
+        (:class:`~pawn_queue_sync.errors.TopicNotEmptyError`) while it holds messages,
+        segments, dead letters or live leases, unless ``force=True`` (see
+        :func:`~pawn_queue_sync.queue.purge.delete_topic`)."""
+        return purging.delete_topic(self.context, name, force=force)
+
+    def peek(self, topic: str, n: int = 10, dead_letter: bool = False
+             ) -> list[peeking.PeekedMessage] | list[deadletters.DeadLetter]:
+        """Up to ``n`` of the oldest pending messages (or, with ``dead_letter``, dead
+        letters), read without leasing or changing anything (LISTs and GETs only)."""
+        return peeking.peek(self.context, topic, n, dead_letter=dead_letter)
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    def dead_letters(self, topic: str, limit: int | None = None
+                     ) -> Iterator[deadletters.DeadLetter]:
+        """The topic's dead letters with their reasons and delivery history, in key
+        order, read a listing page at a time (a LIST per 1,000 and a GET each); an
+        unreadable one comes with ``payload`` None and a reason, never an exception."""
+        return deadletters.dead_letters(self.context, topic, limit)
+
+    def redrive(self, topic: str, max: int | None = None, rate: float | None = None,
+                progress: Callable[[int], None] | None = None) -> deadletters.RedriveResult:
+        """Move dead letters back to the topic (at most ``max``, at most ``rate`` a
+        second): id and created_at kept, delivery count reset, each message written
+        before its dead letter is deleted (a crash repeats one, never loses one). See
+        :func:`~pawn_queue_sync.queue.deadletters.redrive`."""
+        return deadletters.redrive(self.context, topic, max=max, rate=rate, progress=progress)
+
+    def purge(self, topic: str, section: str = "dead-letter",
+              progress: Callable[[int], None] | None = None) -> int:
+        """Delete the topic's dead letters (``"dead-letter"``) or its pending messages
+        (``"messages"``; leased ones are kept); the number deleted. See
+        :func:`~pawn_queue_sync.queue.purge.purge`."""
+        return purging.purge(self.context, topic, section, progress=progress)
 
     # -- producers and consumers --------------------------------------------------------------
 

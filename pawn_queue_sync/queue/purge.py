@@ -1,0 +1,184 @@
+"""Removing what a topic holds: ``PawnQueue.purge`` (its dead letters, or its pending
+messages) and ``PawnQueue.delete_topic``.
+
+Nothing leased is purged: a message (or a packed topic's segment) whose lease is
+listed just before the page of messages it is on is kept, so a handler at work never
+loses its message under it; deletes name the version listed (If-Match per key in
+DeleteObjects where the server honours it), so an object rewritten since the listing
+stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+from .. import layout
+from ..errors import InvalidArgument, StorageError, TopicNotEmptyError
+from ..protocol.lease import is_stale
+from ..storage.base import DELETE_BATCH
+from .context import Context
+from .deadletters import iter_keys
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SECTIONS", "Section", "delete_topic", "purge"]
+
+Section = Literal["dead-letter", "messages"]
+SECTIONS: tuple[str, ...] = ("dead-letter", "messages")
+
+
+def purge(ctx: Context, topic: str, section: str = "dead-letter",
+          progress: Callable[[int], None] | None = None) -> int:
+    """Delete ``topic``'s dead letters (``section="dead-letter"``) or its pending
+    messages (``"messages"``: single messages and, on a packed topic, segments); the
+    number of messages deleted (a segment counts its messages). ``progress`` is called
+    with the running count after each page.
+
+    Leased messages and segments are kept: the leases are listed again before each page
+    (a page is 1,000 keys: one LIST of messages, one of leases, one DeleteObjects). A
+    message claimed in the moment between that lease listing and the delete may be
+    deleted under its handler: its ack then finds it gone (done), and a retry does not
+    write it back where the server honours If-Match.
+    """
+    if section not in SECTIONS:
+        raise InvalidArgument(f"section must be one of {', '.join(SECTIONS)}, not {section!r}")
+    ctx.require_topic(topic)
+    if section == "dead-letter":
+        done = _purge_pages(ctx, layout.dead_letter_prefix(topic), lambda _k: 1, None, progress)
+    else:
+        def message(key: str) -> int:
+            return 1 if layout.parse_message_key(topic, key) is not None else 0
+
+        done = _purge_pages(
+            ctx, layout.messages_prefix(topic), message,
+            lambda: _leased(ctx, topic, layout.leases_prefix(topic), layout.lease_message_id),
+            progress, id_of=lambda key: layout.parse_message_key(topic, key),
+        )
+        if ctx.topic_packed(topic):
+            def segment(key: str) -> int:
+                parsed = layout.parse_segment_key(topic, key)
+                return parsed[1] if parsed is not None else 0
+
+            def segment_id(key: str) -> str | None:
+                parsed = layout.parse_segment_key(topic, key)
+                return parsed[0] if parsed is not None else None
+
+            done = _purge_pages(
+                ctx, layout.segments_prefix(topic), segment,
+                lambda: _leased(ctx, topic, layout.segment_leases_prefix(topic),
+                                layout.segment_lease_id),
+                progress, done, id_of=segment_id,
+            )
+    log.info("purged %d from %s of %r", done, section, topic)
+    return done
+
+
+def _leased(ctx: Context, topic: str, prefix: str,
+            name_of: Callable[[str, str], str | None]) -> set[str]:
+    """The ids (message or segment) that have a lease, stale ones included (a janitor
+    reaps those; until then they count as held)."""
+    return {n for o in ctx.store.list(prefix).objects
+            if (n := name_of(topic, o.key)) is not None}
+
+
+def _purge_pages(ctx: Context, prefix: str, weight: Callable[[str], int],
+                 leased: Callable[[], set[str]] | None,
+                 progress: Callable[[int], None] | None, done: int = 0,
+                 id_of: Callable[[str], str | None] = lambda _k: None) -> int:
+    """Delete the objects under ``prefix`` page by page, except those whose id
+    (``id_of``) is in ``leased()`` (listed after each page); ``weight`` counts an
+    object's messages (0: a foreign key, left for the consumers' quarantine)."""
+    cursor: str | None = None
+    while True:
+        listing = ctx.store.list(prefix, limit=1000, start_after=cursor)
+        if not listing.objects:
+            return done
+        cursor = listing.objects[-1].key
+        held = leased() if leased is not None else set()
+        batch = {o.key: o for o in listing.objects
+                 if weight(o.key) and (not held or id_of(o.key) not in held)}
+        if batch:
+            etags = ({k: o.etag for k, o in batch.items() if o.etag}
+                     if ctx.caps.if_match else None)
+            failed = set(ctx.store.delete_many(list(batch),
+                                               **({"etags": etags} if etags else {})))
+            done += sum(weight(k) for k in batch if k not in failed)
+        if progress is not None:
+            progress(done)
+        if not listing.truncated:
+            return done
+
+
+# -- delete_topic ---------------------------------------------------------------------------
+
+
+def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
+    """Delete ``topic``: its marker, its manifest and everything under it; the number
+    of objects deleted. Without ``force``, raises :class:`TopicNotEmptyError` while it
+    holds messages, segments, dead letters or live leases (by the server's clock), and
+    then deletes only its stale leases, its manifest and its marker (last): a message
+    published meanwhile by a process that knew the topic stays (invisible until the
+    topic is created again), never deleted unseen. With ``force``, everything under
+    ``{topic}/`` goes, page by page, the marker last (a crash leaves a topic to delete
+    again). Consumers still polling it then fail with TopicNotFoundError once they
+    look again; processes that cached it as packed keep that until restarted."""
+    if not isinstance(force, bool):
+        raise InvalidArgument(f"force must be True or False, not {force!r}")
+    ctx.require_topic(topic)
+    marker = layout.topic_marker_key(topic)
+    manifest = layout.packed_manifest_key(topic)
+    if force:
+        keep = {marker}
+
+        def doomed(key: str) -> bool:
+            return key not in keep
+    else:
+        _check_empty(ctx, topic)
+        garbage = (layout.leases_prefix(topic), layout.segment_leases_prefix(topic))
+
+        def doomed(key: str) -> bool:
+            return key.startswith(garbage) or key == manifest
+    deleted = 0
+    batch: list[str] = []
+    for info in iter_keys(ctx, f"{topic}/"):
+        if doomed(info.key):
+            batch.append(info.key)
+        if len(batch) >= DELETE_BATCH:
+            deleted += _delete(ctx, batch)
+            batch = []
+    deleted += _delete(ctx, batch)
+    ctx.store.delete(marker)
+    ctx.forget_topic(topic)
+    log.info("deleted topic %r (%d objects)", topic, deleted + 1)
+    return deleted + 1
+
+
+def _delete(ctx: Context, keys: list[str]) -> int:
+    """Delete ``keys`` (one DeleteObjects); a key that could not be: StorageError."""
+    if not keys:
+        return 0
+    failed = ctx.store.delete_many(keys)
+    if failed:
+        raise StorageError(f"could not delete {len(failed)} object(s); delete_topic again",
+                           key=failed[0])
+    return len(keys)
+
+
+def _check_empty(ctx: Context, topic: str) -> None:
+    """Raise TopicNotEmptyError naming what ``topic`` still holds (a LIST each)."""
+    what: list[str] = []
+    for name, prefix in (("messages", layout.messages_prefix(topic)),
+                         ("segments", layout.segments_prefix(topic)),
+                         ("dead letters", layout.dead_letter_prefix(topic))):
+        if ctx.store.list(prefix, limit=1).objects:
+            what.append(name)
+    for name, prefix in (("live leases", layout.leases_prefix(topic)),
+                         ("live segment leases", layout.segment_leases_prefix(topic))):
+        listing = ctx.store.list(prefix)
+        if any(not is_stale(o.last_modified, listing.server_time, ctx.visibility)
+               for o in listing.objects):
+            what.append(name)
+    if what:
+        raise TopicNotEmptyError(topic, ", ".join(what))
