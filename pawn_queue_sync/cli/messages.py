@@ -1,4 +1,4 @@
-"""``pawnq publish``, ``consume`` and ``dead-letter``: messages in and out from the shell.
+"""``pawnq publish`` and ``consume``: messages in and out from the shell.
 
 ``consume`` acks a batch only once its lines were written, flushed and (into a regular
 file) synced, and gives the batch back when they could not be.
@@ -13,7 +13,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .. import layout
 from ..errors import PawnQueueError, PublishError
 from ..queue.message import Message
 from .exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
@@ -129,26 +128,8 @@ def _release(msgs: Sequence[Message]) -> None:
             log.warning("could not release message %s: %s", msg.id, exc)
 
 
-def cmd_dead_letter(args: argparse.Namespace) -> int:
-    """List the dead-letter objects of a topic (id and reason), or print one whole."""
-    with open_queue(args) as pq:
-        pq.context.require_topic(args.topic)
-        listing = pq.store.list(layout.dead_letter_prefix(args.topic), limit=args.max)
-        for info in listing.objects:
-            body = pq.store.get(info.key).body
-            try:
-                doc = json.loads(body)
-                reason = (doc.get("dead_letter") or {}).get("reason", "")
-                line = json.dumps({"key": info.key, "id": doc.get("id"), "reason": reason,
-                                   "payload": doc.get("payload")}, ensure_ascii=False)
-            except (json.JSONDecodeError, AttributeError):
-                line = json.dumps({"key": info.key, "raw": body[:200].decode("latin-1")})
-            emit(line)
-    return EXIT_OK
-
-
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``publish``, ``consume`` and ``dead-letter`` to ``pawnq``'s subcommands."""
+    """Add ``publish`` and ``consume`` to ``pawnq``'s subcommands."""
     pub = sub.add_parser("publish", parents=[common],
                          help="publish JSON payloads (args or stdin lines)")
     pub.add_argument("topic")
@@ -164,9 +145,3 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     con.add_argument("--max", type=count(1), default=10)
     con.add_argument("--no-ack", action="store_true", help="release instead of ack (peek)")
     con.set_defaults(func=cmd_consume)
-
-    dl = sub.add_parser("dead-letter", parents=[common],
-                        help="list a topic's dead letters with reasons")
-    dl.add_argument("topic")
-    dl.add_argument("--max", type=count(1), default=100)
-    dl.set_defaults(func=cmd_dead_letter)

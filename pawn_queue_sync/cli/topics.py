@@ -15,8 +15,18 @@ def cmd_topics(args: argparse.Namespace) -> int:
     if args.packed and not args.create:
         print("pawnq topics: --packed goes with --create NAME", file=sys.stderr)
         return EXIT_USAGE
+    if args.force and not args.delete:
+        print("pawnq topics: --force goes with --delete NAME", file=sys.stderr)
+        return EXIT_USAGE
+    if args.delete and args.create:
+        print("pawnq topics: --create and --delete do not go together", file=sys.stderr)
+        return EXIT_USAGE
     kind = " (packed)" if args.packed else ""
     with open_queue(args) as pq:
+        if args.delete:
+            for t in args.delete:  # TopicNotEmptyError stops at the first refused
+                emit(f"{t}: deleted ({pq.delete_topic(t, force=args.force)} objects)")
+            return EXIT_OK
         if args.create:
             for t in args.create:
                 switching = args.packed and pq.topic_exists(t) and not pq.context.topic_packed(t)
@@ -55,6 +65,11 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     topics.add_argument("--packed", action="store_true",
                         help="with --create: packed topics (many messages per object; "
                              "pawn-queue 0.1.x consumers do not see them)")
+    topics.add_argument("--delete", nargs="+", metavar="TOPIC",
+                        help="delete these topics; refused while one holds messages, "
+                             "dead letters or live leases, unless --force")
+    topics.add_argument("--force", action="store_true",
+                        help="with --delete: delete everything in the topics too")
     topics.add_argument("--stats", action="store_true",
                         help="with pending/leased/dead counts (packed topics: and segments)")
     topics.set_defaults(func=cmd_topics)
