@@ -106,7 +106,8 @@ def test_every_documented_file_is_run() -> None:
     assert set(documented()) <= set(_PARAMS)
 
 
-_PARAMS = ["README.md", "docs/api.md", "docs/runtime.md", "docs/spark.md"]
+_PARAMS = ["README.md", "docs/api.md", "docs/operations.md", "docs/runtime.md",
+           "docs/spark.md"]
 
 
 def run_here(script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
