@@ -22,6 +22,7 @@ from pawn_queue_sync import (
     layout,
 )
 from pawn_queue_sync.config import load_config
+from pawn_queue_sync.protocol.lease import Capabilities
 from pawn_queue_sync.queue.consumer import Consumer
 from pawn_queue_sync.storage.base import Store
 from pawn_queue_sync.storage.factory import build_store
@@ -42,6 +43,8 @@ class Wrapped:
         self.inner = inner
         self.calls: Counter[str] = Counter()
         self.fail_delete: Callable[[str], bool] = lambda _key: False
+        #: called with the key after each successful put (a rival acting in between)
+        self.after_put: Callable[[str], None] = lambda _key: None
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -55,7 +58,10 @@ class Wrapped:
                                    key=args[0])
             if name == "delete_many" and any(self.fail_delete(k) for k in args[0]):
                 raise StorageError("injected: the process died before this delete")
-            return attr(*args, **kwargs)
+            result = attr(*args, **kwargs)
+            if name == "put":
+                self.after_put(args[0])
+            return result
 
         return call
 
@@ -213,16 +219,20 @@ def test_redrive_max_and_rate(config: dict[str, Any]) -> None:
         assert sorted(first.moved + rest.moved) == sorted(published)
 
 
+@pytest.mark.parametrize("conditions", [True, False], ids=["conditional", "head-first"])
 @pytest.mark.parametrize("consumed_between", [False, True], ids=["rerun", "consumed-then-rerun"])
 def test_a_crash_between_write_and_delete_loses_nothing_and_repeats_at_most_once(
-    wrapped: tuple[PawnQueue, Wrapped], consumed_between: bool,
+    wrapped: tuple[PawnQueue, Wrapped], consumed_between: bool, conditions: bool,
 ) -> None:
     """The dead letters' deletes fail (the process "died" after each write): every
     dead letter stays, its message is written back. A second redrive finishes: it finds
     the copies still pending (no second one), or, when they were consumed meanwhile,
-    writes each again: one repeat each, no more."""
+    writes each again: one repeat each, no more. ``head-first``: as on a server without
+    If-None-Match and If-Match (a HEAD before the create and before the delete)."""
     pq, store = wrapped
     published = dead_lettered(pq, TOPIC, 6)
+    if not conditions:
+        pq.context.caps = Capabilities(if_none_match=False, if_match=False)
     dl_prefix = layout.dead_letter_prefix(TOPIC)
     store.fail_delete = lambda key: key.startswith(dl_prefix)
     crashed = pq.redrive(TOPIC)
@@ -238,6 +248,32 @@ def test_a_crash_between_write_and_delete_loses_nothing_and_repeats_at_most_once
     assert keys(pq, dl_prefix) == {}
     assert set(drain(consumer, set(published), lambda m: m.ack())) == set(published)
     assert keys(pq, layout.messages_prefix(TOPIC)) == {}
+
+
+@pytest.mark.parametrize("conditions", [True, False], ids=["conditional", "head-first"])
+def test_a_dead_letter_written_again_during_its_move_stays(
+    wrapped: tuple[PawnQueue, Wrapped], conditions: bool,
+) -> None:
+    """Between the message's write and the dead letter's delete, the message is
+    consumed and fails again: its new dead letter (another version of the same key)
+    is not deleted by the move."""
+    pq, store = wrapped
+    (mid,) = dead_lettered(pq, TOPIC, 1)
+    if not conditions:
+        pq.context.caps = Capabilities(if_none_match=False, if_match=False)
+    dl_key = layout.dead_letter_key(TOPIC, mid)
+    again = pq.store.get(dl_key).body.replace(b"bad order", b"failed again")
+
+    def failed_again(key: str) -> None:
+        if layout.parse_message_key(TOPIC, key) == mid:
+            store.after_put = lambda _key: None
+            store.inner.put(dl_key, again)
+
+    store.after_put = failed_again
+    assert pq.redrive(TOPIC).moved == [mid]
+    (letter,) = pq.dead_letters(TOPIC)
+    assert letter.reason == "failed again"
+    assert [m.id for m in pq.peek(TOPIC)] == [mid]  # and the moved copy is pending
 
 
 def test_redrive_under_a_concurrent_consumer_loses_nothing(config: dict[str, Any]) -> None:
