@@ -339,7 +339,7 @@ def test_purge_messages_of_a_packed_topic_counts_segment_messages(
         lambda pq: pq.redrive(TOPIC, max=2.5),
         lambda pq: pq.purge(TOPIC, section="everything"),
         lambda pq: pq.peek(TOPIC, n=0),
-        lambda pq: list(pq.dead_letters(TOPIC, limit=-1)),
+        lambda pq: pq.dead_letters(TOPIC, limit=-1),  # at the call, not the first item
         lambda pq: pq.delete_topic(TOPIC, force="yes"),
     ],
     ids=["rate0", "rate-1", "rate-nan", "rate-str", "max0", "max-float", "section", "n0",
@@ -360,7 +360,8 @@ def test_bad_input_is_a_typed_error_and_changes_nothing(
 @pytest.mark.parametrize("call", [
     lambda pq: pq.redrive("ghost"), lambda pq: pq.purge("ghost"),
     lambda pq: pq.peek("ghost"), lambda pq: pq.delete_topic("ghost"),
-], ids=["redrive", "purge", "peek", "delete"])
+    lambda pq: pq.dead_letters("ghost"),
+], ids=["redrive", "purge", "peek", "delete", "dead_letters"])
 def test_a_topic_that_does_not_exist_is_topic_not_found(
     config: dict[str, Any], call: Callable[[PawnQueue], Any],
 ) -> None:

@@ -148,9 +148,14 @@ def iter_keys(ctx: Context, prefix: str, limit: int | None = None,
 
 def dead_letters(ctx: Context, topic: str, limit: int | None = None) -> Iterator[DeadLetter]:
     """Read ``topic``'s dead letters in key order (a LIST per 1,000, a GET each); one
-    removed meanwhile is left out, an unreadable one is yielded with ``payload`` None."""
+    removed meanwhile is left out, an unreadable one is yielded with ``payload`` None.
+    The arguments and the topic are checked at the call, not at the first item."""
     check_limit("limit", limit)
     ctx.require_topic(topic)
+    return _read_all(ctx, topic, limit)
+
+
+def _read_all(ctx: Context, topic: str, limit: int | None) -> Iterator[DeadLetter]:
     for info in iter_keys(ctx, layout.dead_letter_prefix(topic), limit):
         try:
             got = ctx.store.get(info.key)

@@ -101,7 +101,8 @@ def _str(value: object) -> str | None:
 
 
 def _segment_messages(ctx: Context, topic: str) -> Iterator[PeekedMessage]:
-    """The unsettled messages of ``topic``'s segments, oldest segment first."""
+    """The unsettled messages of ``topic``'s segments, oldest segment first; a segment
+    counts as leased while its lease is not given back (``released``)."""
     leases = {sid: o.key for o in ctx.store.list(layout.segment_leases_prefix(topic)).objects
               if (sid := layout.segment_lease_id(topic, o.key)) is not None}
     for info in iter_keys(ctx, layout.segments_prefix(topic), page=100):
@@ -110,10 +111,12 @@ def _segment_messages(ctx: Context, topic: str) -> Iterator[PeekedMessage]:
             continue
         sid = parsed[0]
         progress = Progress()
+        held = False
         if sid in leases:
             # given back and removed, or unreadable: nothing known settled
             with contextlib.suppress(ObjectNotFound, SegmentError):
-                progress = SegmentLease.decode(ctx.store.get(leases[sid]).body).progress
+                lease = SegmentLease.decode(ctx.store.get(leases[sid]).body)
+                progress, held = lease.progress, not lease.released
         try:
             docs = packing.decode_segment(ctx.store.get(info.key).body, topic, sid)
         except ObjectNotFound:
@@ -121,7 +124,7 @@ def _segment_messages(ctx: Context, topic: str) -> Iterator[PeekedMessage]:
         except SegmentError as exc:
             yield PeekedMessage(id=None, topic=topic, key=info.key, payload=None,
                                 created_at=None, producer_id=None, attempts=0,
-                                last_error=None, leased=sid in leases, segment=info.key,
+                                last_error=None, leased=held, segment=info.key,
                                 error=str(exc))
             continue
         for i, doc in enumerate(docs):
@@ -132,5 +135,5 @@ def _segment_messages(ctx: Context, topic: str) -> Iterator[PeekedMessage]:
                 created_at=_str(doc.get("created_at")),
                 producer_id=_str(doc.get("producer_id")),
                 attempts=progress.deliveries_of(i), last_error=progress.error_of(i),
-                leased=sid in leases, segment=info.key,
+                leased=held, segment=info.key,
             )
