@@ -24,6 +24,7 @@ from pawn_queue_sync import (
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.protocol.lease import Capabilities
 from pawn_queue_sync.queue.consumer import Consumer
+from pawn_queue_sync.queue.deadletters import iter_keys
 from pawn_queue_sync.storage.base import Store
 from pawn_queue_sync.storage.factory import build_store
 from tests.servers import deep_merge
@@ -445,3 +446,21 @@ def test_delete_topic_with_force_removes_everything(
             pq.register_producer("p").publish(TOPIC, {"n": 1})
         pq.create_topic(TOPIC)  # created again: plain and empty
         assert pq.topic_stats(TOPIC) == {"pending": 0, "leased": 0, "dead_letter": 0}
+
+
+def test_listings_are_paged(wrapped: tuple[PawnQueue, Wrapped]) -> None:
+    """A topic's objects are read a page at a time (start_after the last key), never
+    all at once: 25 keys in pages of 10 are three LISTs, in key order."""
+    pq, store = wrapped
+    pq.create_topic(TOPIC)
+    names = sorted(f"{i:08d}-0000-4000-8000-000000000000" for i in range(25))
+    for name in names:
+        pq.store.put(layout.dead_letter_key(TOPIC, name), b"{}")
+    store.calls.clear()
+    got = [o.key for o in iter_keys(pq.context, layout.dead_letter_prefix(TOPIC), page=10)]
+    assert got == [layout.dead_letter_key(TOPIC, n) for n in names]
+    assert store.calls["list"] == 3
+    store.calls.clear()
+    assert len(list(iter_keys(pq.context, layout.dead_letter_prefix(TOPIC), limit=12,
+                              page=10))) == 12
+    assert store.calls["list"] == 2
