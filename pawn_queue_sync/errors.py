@@ -169,7 +169,11 @@ class StoreNotPortable(PawnQueueError, TypeError):
 
 class DeadlineExceeded(StorageError):
     """A request's deadline passed before it got an answer: no attempt was sent after
-    the deadline, but one sent before it may still have been applied by the server."""
+    the deadline, but one sent before it may still have been applied by the server.
+    Also raised when a retry was not sent because it would leave after the request's
+    ``retry_by`` (a csprng_verify lease write or delete relying on a check: see
+    docs/guarantees.md); e.g. by ``Message.refresh()`` on a server without If-Match,
+    when the refresh did not land and the lease is still ours, unrefreshed."""
 
     transient = True
 

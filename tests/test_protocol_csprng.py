@@ -12,10 +12,22 @@ from __future__ import annotations
 import random
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, Phase, example, find, given, settings
 from hypothesis import strategies as st
 
-from pawn_queue_sync.protocol.lease import CsprngSettings, LeaseBody, claim_csprng
+from pawn_queue_sync.clock import SystemClock
+from pawn_queue_sync.errors import DeadlineExceeded, LeaseLostError
+from pawn_queue_sync.protocol.effects import run
+from pawn_queue_sync.protocol.lease import (
+    Capabilities,
+    CsprngSettings,
+    LeaseBody,
+    claim_csprng,
+    refresh,
+    release,
+)
+from pawn_queue_sync.storage.memory import MemoryStore
 from tests.sim_s3 import ORIGIN, SimS3
 
 KEY = "orders/leases/m.lease"
@@ -267,3 +279,69 @@ def test_hypothesis_finds_a_duplicate_from_retries_without_the_bound():
     )
     assert found.max_delay_ms < found.settings.jitter_min_ms  # within the delay bound
     assert believers(found) <= 1  # and safe with it
+
+
+# -- refresh and release without If-Match when a retry is refused --------------------------
+
+NO_IF_MATCH = Capabilities(if_none_match=False, if_match=False)
+QUICK = CsprngSettings(jitter_min_ms=5, jitter_max_ms=5, verify_retries=0,
+                       verify_retry_delay_ms=0)
+
+
+class CutShort(MemoryStore):
+    """A store whose writes and deletes given ``retry_by`` fail as a refused retry
+    does (DeadlineExceeded), after ``then``: "landed" (the first attempt was applied,
+    only its answer lost), "lost" (nothing applied), or "rival" (nothing of ours
+    applied, another consumer's lease written meanwhile)."""
+
+    def __init__(self, then: str) -> None:
+        super().__init__()
+        self.then = then
+
+    def put(self, key, body, *, retry_by=None, **kw):
+        if retry_by is None:
+            return super().put(key, body, **kw)
+        if self.then == "landed":
+            super().put(key, body)
+        elif self.then == "rival":
+            super().put(key, b'{"rival": true}')
+        raise DeadlineExceeded("put: the retry-by time comes before attempt 2", key=key)
+
+    def delete(self, key, *, retry_by=None, **kw):
+        if retry_by is None:
+            return super().delete(key, **kw)
+        raise DeadlineExceeded("delete: the retry-by time comes before attempt 2", key=key)
+
+
+def _held(store: MemoryStore) -> tuple[LeaseBody, str]:
+    old = LeaseBody.new("c0", "m", ORIGIN, 30.0)
+    return old, store.put(KEY, old.encode()).etag
+
+
+@pytest.mark.parametrize("then", ["landed", "lost", "rival"])
+def test_a_refresh_whose_retry_was_refused_tells_what_happened(then: str) -> None:
+    """The re-check after the write: our new bytes -> refreshed (their token); our old
+    ones -> DeadlineExceeded, the lease still ours under the old token; another's ->
+    LeaseLostError."""
+    store = CutShort(then)
+    _old, token = _held(store)
+    new = LeaseBody.new("c0", "m", ORIGIN, 30.0)
+    proto = refresh(KEY, token, new, NO_IF_MATCH, QUICK)
+    if then == "landed":
+        assert run(proto, store, SystemClock()) == new.token
+        assert store.head(KEY).etag == new.token
+    elif then == "lost":
+        with pytest.raises(DeadlineExceeded):
+            run(proto, store, SystemClock())
+        assert store.head(KEY).etag == token  # still ours, not refreshed
+    else:
+        with pytest.raises(LeaseLostError):
+            run(proto, store, SystemClock())
+
+
+def test_a_release_whose_retry_was_refused_raises_and_leaves_the_lease() -> None:
+    store = CutShort("lost")
+    _old, token = _held(store)
+    with pytest.raises(DeadlineExceeded):
+        run(release(KEY, token, NO_IF_MATCH, QUICK), store, SystemClock())
+    assert store.head(KEY).etag == token  # goes stale and is reaped, as on any error

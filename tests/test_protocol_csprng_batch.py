@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, Phase, example, find, given, settings
 from hypothesis import strategies as st
 
 from pawn_queue_sync.clock import SystemClock
@@ -181,9 +181,12 @@ def us(delays_us):
     return [tuple(d / 1e6 for d in delays) for delays in delays_us]
 
 
-def run_world(w: World) -> tuple[SimS3, dict[str, dict[str, str]]]:
+def run_world(
+    w: World, honour_retry_by: bool = True
+) -> tuple[SimS3, dict[str, dict[str, str]]]:
     """Run everyone; returns the server and {key: {believer: token}}."""
-    sim = SimS3(if_none_match=False, if_match=w.if_match, opaque_etags=w.opaque_etags)
+    sim = SimS3(if_none_match=False, if_match=w.if_match, opaque_etags=w.opaque_etags,
+                honour_retry_by=honour_retry_by)
     caps = Capabilities(if_none_match=False, if_match=w.if_match)
     for key in w.stale:
         body = LeaseBody.new("old", key, ORIGIN, VISIBILITY).encode()
@@ -246,6 +249,29 @@ def test_retried_requests_never_make_a_second_believer(w):
     """The same, with any request retried by the S3 layer at any time (a reset, a 503):
     the retry bound of lease writes and deletes keeps it (the chaos suite's miss)."""
     check(w)
+
+
+def test_without_the_retry_bound_the_retried_batch_write_takes_a_verified_lease():
+    """RETRIED when the client retries whenever: b0's retry lands on s0's confirmed
+    lease and both believe; with the bound (the example above) only s0 does."""
+    sim, believers = run_world(RETRIED, honour_retry_by=False)
+    assert sorted(believers[KEYS[0]]) == ["b0", "s0"]
+    overwrite = sim.log[-1]
+    assert (overwrite.actor, overwrite.before.writer) == ("b0", "s0")
+    assert overwrite.at > sim.outcomes["s0"].finished_at
+    sim, believers = run_world(RETRIED)
+    assert list(believers[KEYS[0]]) == ["s0"]
+    assert [e.actor for e in sim.log] == ["s0"]
+
+
+def test_hypothesis_finds_a_batch_duplicate_from_retries_without_the_bound():
+    found = find(
+        worlds(resends=True),
+        lambda w: any(len(b) >= 2 for b in run_world(w, honour_retry_by=False)[1].values()),
+        settings=settings(max_examples=1000, derandomize=True, database=None, deadline=None,
+                          phases=[Phase.generate], suppress_health_check=list(HealthCheck)),
+    )
+    check(found)  # the same world is safe with the bound
 
 
 def test_the_edge_example_raced():
