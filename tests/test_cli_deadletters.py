@@ -3,10 +3,13 @@ run as a user runs them, on the local store and SeaweedFS."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +25,9 @@ def nacked(store: Store, n: int, reason: str = "broken order") -> list[str]:  # 
     with store.queue() as pq:
         consumer = pq.register_consumer("nacker", [TOPIC])
         done: set[str] = set()
-        while done != set(ids):
+        end = time.monotonic() + 60
+        while not set(ids) <= done:  # (and whatever else was pending: nacked too)
+            assert time.monotonic() < end, "the messages published never came"
             for msg in consumer.poll(max_messages=50):
                 msg.nack(reason)
                 done.add(msg.id)
@@ -164,3 +169,27 @@ def test_redrive_of_a_packed_topic(store: Store) -> None:  # noqa: F811
     consumed = store.run("consume", TOPIC, "--max", "100")
     assert sorted(json.loads(x)["id"] for x in consumed.stdout.splitlines()) == sorted(ids)
 
+
+
+def test_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """redrive draws its bar on stderr when stderr is a terminal, and nothing when not."""
+    local = Store(tmp_path, {"local": {"path": str(tmp_path / "store")}})
+    nacked(local, 2)
+    main_fd, term_fd = pty.openpty()
+    try:
+        proc = subprocess.run(local.argv("dead-letter", "redrive", TOPIC), stdin=term_fd,
+                              stderr=term_fd, stdout=subprocess.PIPE, text=True,
+                              env=local.env(), cwd=tmp_path, timeout=300)
+        os.close(term_fd)
+        drawn = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal's other end is closed
+            while chunk := os.read(main_fd, 4096):
+                drawn += chunk
+    finally:
+        os.close(main_fd)
+    assert proc.returncode == cli.EXIT_OK and "2 moved back" in proc.stdout
+    assert b"redrive" in drawn and b"2/2" in drawn
+    nacked(local, 1)  # the 2 moved back are dead-lettered again too
+    quiet = local.run("dead-letter", "redrive", TOPIC)
+    assert quiet.returncode == cli.EXIT_OK and "3 moved back" in quiet.stdout
+    assert quiet.stderr == ""

@@ -7,10 +7,12 @@ import signal
 
 #: The command did what was asked.
 EXIT_OK = 0
-#: It failed: a library error (store, topic, lease...), output that could not be
-#: written, a partly failed publish, an incomplete demo; ``worker``: stopped hard.
+#: It failed: a library error (store, topic, lease, a topic not empty to delete...),
+#: output that could not be written, a partly failed publish, a redrive with failed
+#: moves, a purge declined at its question, an incomplete demo; ``worker``: stopped hard.
 EXIT_ERROR = 1
-#: Bad arguments (argparse's status) or a payload that is not JSON.
+#: Bad arguments (argparse's status), a payload that is not JSON, or a purge without
+#: ``--yes`` when stdin is not a terminal to ask on.
 EXIT_USAGE = 2
 #: ``worker``: the store could not be reached at startup (``RET_CONNECT``).
 EXIT_STORE_UNREACHABLE = 3

@@ -8,7 +8,8 @@ import argparse
 from . import deadletters, demo, messages, topics
 
 _EPILOG = """exit status: 0 ok; 1 failed (one line on stderr; --verbose adds the traceback);
-2 usage error; 141 stdout closed by its reader (| head), quietly; 130 Ctrl-C.
+2 usage error (and dead-letter purge without --yes off a terminal); 141 stdout closed by
+its reader (| head), quietly; 130 Ctrl-C.
 worker: 1 stopped hard, 3 store unreachable, 4 bad configuration or missing topic,
 5 handler import failed, 6 workers kept failing to start. See README.md, "The CLI"."""
 
