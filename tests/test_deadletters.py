@@ -315,6 +315,43 @@ def test_purge_messages_keeps_leased_ones(config: dict[str, Any]) -> None:
         assert list(keys(pq, f"{TOPIC}/")) == [layout.topic_marker_key(TOPIC)]
 
 
+def test_purge_messages_under_a_concurrent_consumer(config: dict[str, Any]) -> None:
+    """A consumer handles messages while they are purged: each message is purged or
+    handled (both only for one claimed in the instant between the purge's lease
+    listing and its delete), none twice, and every ack of the consumer succeeds."""
+    n = 60
+    with PawnQueue(config) as pq:
+        pq.create_topic(TOPIC)
+        ids = set(pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(n)]))
+        consumer = pq.register_consumer("busy", [TOPIC])
+        handled: list[str] = []
+        errors: list[BaseException] = []
+        started = threading.Event()
+
+        def consume() -> None:
+            try:
+                while batch := consumer.poll(max_messages=5):
+                    started.set()
+                    time.sleep(0.02)  # handling: leases live while the purge runs
+                    consumer.ack_many(batch)
+                    handled.extend(m.id for m in batch)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                started.set()
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        assert started.wait(DEADLINE)
+        purged = pq.purge(TOPIC, section="messages")
+        worker.join(DEADLINE)
+        assert not worker.is_alive() and not errors, errors
+        assert len(handled) == len(set(handled)) and set(handled) <= ids
+        assert purged + len(handled) >= n  # every message went one way or the other
+        assert keys(pq, layout.messages_prefix(TOPIC)) == {}
+        assert keys(pq, layout.leases_prefix(TOPIC)) == {}
+
+
 def test_purge_messages_of_a_packed_topic_counts_segment_messages(
     config: dict[str, Any],
 ) -> None:
