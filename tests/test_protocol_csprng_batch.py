@@ -201,7 +201,12 @@ def run_world(
         sim.spawn(f"j{i}", judge(caps, w.settings), start=j.start_us / 1e6, delays=us(j.delays_us))
     believers: dict[str, dict[str, str]] = {key: {} for key in KEYS}
     for name, out in sim.run().items():
-        assert out.done and out.error is None, (name, out.error)
+        assert out.done, name
+        if out.error is not None:  # a single claimer whose lease write never landed
+            assert isinstance(out.error, DeadlineExceeded) and name.startswith("s"), (
+                name, out.error)
+            assert all(e.actor != name for e in sim.log), (name, out.error)
+            continue
         if not name.startswith("j"):
             for key, token in out.value.items():
                 believers[key][name] = token

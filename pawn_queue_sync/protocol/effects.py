@@ -11,6 +11,7 @@ when given one), so a batch of requests overlaps as concurrent requests would.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -25,9 +26,10 @@ T = TypeVar("T")
 
 @attrs.frozen
 class Put:
-    """Write ``body`` at ``key``. ``retry_by`` (the clock's monotonic seconds): no
-    attempt leaves after it, retries included (DeadlineExceeded): a write whose safety
-    rests on landing soon after a check must not be retried later (a csprng claim)."""
+    """Write ``body`` at ``key``. ``retry_by`` (the protocol clock's monotonic seconds):
+    the first attempt goes at once, but no retry leaves after it (DeadlineExceeded): a
+    write whose safety rests on landing soon after a check must not be sent again later
+    (a csprng claim)."""
 
     key: str
     body: bytes
@@ -95,14 +97,15 @@ def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = 
     if isinstance(effect, Put):
         return store.put(
             effect.key, effect.body, if_none_match=effect.if_none_match, if_match=effect.if_match,
-            **_retry_bound(effect.retry_by),
+            **_retry_bound(effect.retry_by, clock),
         )
     if isinstance(effect, Head):
         return store.head(effect.key)
     if isinstance(effect, Get):
         return store.get(effect.key)
     if isinstance(effect, Delete):
-        return store.delete(effect.key, if_match=effect.if_match, **_retry_bound(effect.retry_by))
+        return store.delete(effect.key, if_match=effect.if_match,
+                            **_retry_bound(effect.retry_by, clock))
     if isinstance(effect, List):
         return store.list(effect.prefix, limit=effect.limit, start_after=effect.start_after)
     if isinstance(effect, Sleep):
@@ -114,9 +117,14 @@ def perform(effect: Effect, store: Store, clock: Clock, pool: Executor | None = 
     raise TypeError(f"unknown effect {effect!r}")
 
 
-def _retry_bound(retry_by: float | None) -> dict[str, float]:
-    """The ``retry_by`` keyword when there is one (a store without it is never sent it)."""
-    return {} if retry_by is None else {"retry_by": retry_by}
+def _retry_bound(retry_by: float | None, clock: Clock) -> dict[str, float]:
+    """The ``retry_by`` keyword when there is one (a store without it is never sent it),
+    moved from ``clock``'s time to :func:`time.monotonic`'s, which the stores that retry
+    (S3) measure by: a protocol clock may count from any origin (or be a fake one), and
+    the time left is what must carry over."""
+    if retry_by is None:
+        return {}
+    return {"retry_by": time.monotonic() + (retry_by - clock.monotonic())}
 
 
 def _parallel(

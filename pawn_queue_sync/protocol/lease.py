@@ -35,7 +35,7 @@ from ..errors import (
     StorageError,
 )
 from ..storage.base import PutResult
-from .effects import Delete, Head, List, Now, Parallel, Protocol, Put, Sleep
+from .effects import Delete, Get, Head, List, Now, Parallel, Protocol, Put, Sleep
 
 Strategy = Literal["conditional_write", "csprng_verify"]
 #: What a claim still holds during verification: one token, or key -> token for a batch.
@@ -185,6 +185,8 @@ def claim_csprng(
     if retry_by is None:
         return None  # someone holds it already: never overwrite a lease blindly
     token = yield from _write_lease(key, body, retry_by)
+    if token is None:
+        return None
     return (yield from _verify(settings, rng, token, functools.partial(_kept, key)))
 
 
@@ -202,16 +204,34 @@ def _checked(check: Protocol[bool], fresh: float) -> Protocol[float | None]:
     return sent + fresh
 
 
-def _write_lease(key: str, body: LeaseBody, retry_by: float) -> Protocol[str]:
+def _write_lease(key: str, body: LeaseBody, retry_by: float) -> Protocol[str | None]:
     """Write a csprng lease on a key just found free; no retry leaves after
-    ``retry_by``. Returns our token -- also when ``retry_by`` cut the retries short: an
-    attempt sent in time may have been applied, so verification decides (our bytes are
-    unique; if none landed, it finds them absent and the claim is lost). Other store
-    errors are raised."""
+    ``retry_by``. Returns our token. When ``retry_by`` cut the retries short, an
+    attempt sent in time may still have been applied (only its answer lost), so we
+    read the key (:func:`_landed`): our bytes -> the token the server shows (on to
+    verification, as for any write); a rival's -> None (lost); nothing -> the write
+    failed, and its DeadlineExceeded is raised (a store refusing lease writes is an
+    error, not an empty topic). Other store errors are raised."""
+    data = body.encode()
     try:
-        return _token_of((yield Put(key, body.encode(), retry_by=retry_by)), body)
-    except DeadlineExceeded:
-        return body.token
+        return _token_of((yield Put(key, data, retry_by=retry_by)), body)
+    except DeadlineExceeded as cut:
+        found, token = yield from _landed(key, data)
+        if not found:
+            raise cut from None
+        return token
+
+
+def _landed(key: str, data: bytes) -> Protocol[tuple[bool, str | None]]:
+    """After a write of ``data`` at ``key`` whose answer we never got: (whether any
+    object is there, the token of ours -- the ETag the server shows, whatever its kind,
+    so servers whose ETags are not MD5s are judged right -- or None when the object
+    is another's)."""
+    try:
+        got = yield Get(key)
+    except ObjectNotFound:
+        return False, None
+    return True, (got.etag if got.body == data else None)
 
 
 def _verify(
@@ -440,16 +460,20 @@ def refresh(
     retry_by = yield from _checked(_still_ours(key, token), listing_fresh_for(settings))
     if retry_by is None:
         raise LeaseLostError(body.message_id, "refresh found another lease")
-    cut: DeadlineExceeded | None = None
+    data = body.encode()
     try:
-        new = _token_of((yield Put(key, body.encode(), retry_by=retry_by)), body)
-    except DeadlineExceeded as exc:
-        new, cut = body.token, exc
+        new = _token_of((yield Put(key, data, retry_by=retry_by)), body)
+    except DeadlineExceeded as cut:
+        yield Sleep(_confirm_delay(settings))
+        found, new_token = yield from _landed(key, data)
+        if new_token is not None:
+            return new_token  # refreshed: its answer was lost
+        if found and (yield from _still_ours(key, token)):
+            raise cut from None  # not refreshed, still ours under ``token``
+        raise LeaseLostError(body.message_id, "lease replaced during refresh") from None
     yield Sleep(_confirm_delay(settings))
     if (yield from _still_ours(key, new)):
         return new
-    if cut is not None and (yield from _still_ours(key, token)):
-        raise cut
     raise LeaseLostError(body.message_id, "lease overwritten during refresh")
 
 
