@@ -1,8 +1,9 @@
 """Scenario 2: kill -9 of a random worker process every few seconds, handlers mid-flight.
 
 The pool (3 processes x 8 threads) restarts each killed child; handlers work up to
-1 s, and each kill picks among the children that have started a handler (not one
-still starting up after a restart), so a kill catches some mid-flight. More messages
+1 s, and each kill picks among the children with a handler running as far as the
+ledger shows (a start and no end yet; not a child still starting up after a restart,
+nor one between two polls), so a kill catches most mid-flight. More messages
 are published whenever the backlog runs low, so the pool is busy until the last kill
 (at least 20 in the full run). The killed children's leases go stale and other
 workers take their messages. A goal of its own: at least half the kills (one in the
@@ -74,17 +75,20 @@ def run(settings: ChaosSettings) -> ScenarioResult:
         published = set(chaos.publish(batch))
         handled: set[str] = set()
         tail = LedgerTail(chaos.ledger.dir)
-        working: set[int] = set()  # pids seen starting a handler
-        missed = 0  # kill attempts that found no working child (all starting up)
+        running: Counter[int] = Counter()  # pid -> its handlers started and not ended
+        missed = 0  # kill attempts that found no child with a handler running
         while pool.kills < kills_wanted and missed < 50:
             time.sleep(interval * rng.uniform(0.5, 1.5))
             for ev in tail.new_events():
                 if ev.get("e") == "start":
-                    working.add(ev["pid"])
-                elif ev.get("e") == "end" and ev.get("outcome") == "ok":
-                    handled.add(ev["id"])
+                    running[ev["pid"]] += 1
+                elif ev.get("e") == "end":
+                    running[ev["pid"]] -= 1
+                    if ev.get("outcome") == "ok":
+                        handled.add(ev["id"])
             if len(published - handled) < LOW_BACKLOG:
                 published.update(chaos.publish(batch))
+            working = {pid for pid, n in running.items() if n > 0}
             if pool.kill_child(rng, among=working) is None:
                 missed += 1
         ids = chaos.published_ids(published)
