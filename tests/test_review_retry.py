@@ -94,10 +94,11 @@ def test_no_lease_put_retry_leaves_past_the_bound_whatever_the_clock(
         got = exc
     head = next(s for s in recorder.seen if s.method == "HEAD")
     puts = [s for s in recorder.seen if s.method == "PUT"]
-    late = [round(p.arrived - head.arrived, 3) for p in puts
-            if p.arrived - head.arrived > QUICK.jitter_min_ms / 1000]
-    assert len(puts) == 1 and not late, (
-        f"{len(puts)} PUTs, late by (s after HEAD): {late}; the claim: {got!r}")
+    # every retry would leave 0.3 s after its attempt, past the bound: only the first
+    # attempt may be sent (when it arrives depends on the machine's load, not on us)
+    assert len(puts) == 1, (
+        f"{len(puts)} PUTs, at (s after HEAD): "
+        f"{[round(p.arrived - head.arrived, 3) for p in puts]}; the claim: {got!r}")
     # nothing landed (the look at the key fails too here): a store error, never a token
     assert isinstance(got, StorageError), got
 

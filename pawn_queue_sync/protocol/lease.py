@@ -178,13 +178,15 @@ def claim_csprng(
     Safe when every request's one-way delay is below ``jitter_min_ms`` (see
     docs/guarantees.md); returns our token, or None when we lost. The write is not
     retried later than the check allows (:func:`_checked`): a retry landing late
-    could overwrite a rival's lease after the rival verified it.
+    could overwrite a rival's lease after the rival verified it. Raises the store's
+    error when the write failed (DeadlineExceeded when its retry was refused and
+    nothing landed: :func:`_write_lease`).
     """
     rng = rng or random.SystemRandom()
     retry_by = yield from _checked(_free(key), listing_fresh_for(settings))
     if retry_by is None:
         return None  # someone holds it already: never overwrite a lease blindly
-    token = yield from _write_lease(key, body, retry_by)
+    token = yield from _write_lease(key, body, retry_by, listing_fresh_for(settings))
     if token is None:
         return None
     return (yield from _verify(settings, rng, token, functools.partial(_kept, key)))
@@ -204,11 +206,14 @@ def _checked(check: Protocol[bool], fresh: float) -> Protocol[float | None]:
     return sent + fresh
 
 
-def _write_lease(key: str, body: LeaseBody, retry_by: float) -> Protocol[str | None]:
+def _write_lease(
+    key: str, body: LeaseBody, retry_by: float, in_flight: float
+) -> Protocol[str | None]:
     """Write a csprng lease on a key just found free; no retry leaves after
     ``retry_by``. Returns our token. When ``retry_by`` cut the retries short, an
-    attempt sent in time may still have been applied (only its answer lost), so we
-    read the key (:func:`_landed`): our bytes -> the token the server shows (on to
+    attempt sent in time may still have been applied (only its answer lost) or still
+    be on its way, so we wait ``in_flight`` (the one-way bound, jitter_min) and read
+    the key (:func:`_landed`): our bytes -> the token the server shows (on to
     verification, as for any write); a rival's -> None (lost); nothing -> the write
     failed, and its DeadlineExceeded is raised (a store refusing lease writes is an
     error, not an empty topic). Other store errors are raised."""
@@ -216,6 +221,9 @@ def _write_lease(key: str, body: LeaseBody, retry_by: float) -> Protocol[str | N
     try:
         return _token_of((yield Put(key, data, retry_by=retry_by)), body)
     except DeadlineExceeded as cut:
+        # an attempt sent by retry_by may still be on its way: it lands within the
+        # one-way bound (``in_flight``, jitter_min) of the refusal at the latest
+        yield Sleep(in_flight)
         found, token = yield from _landed(key, data)
         if not found:
             raise cut from None
@@ -404,7 +412,7 @@ def _put_if_free(
             if retry_by is None:
                 return None
             fresh_until = retry_by
-        return (yield from _write_lease(key, body, fresh_until))
+        return (yield from _write_lease(key, body, fresh_until, fresh))
     except StorageError as exc:
         if errors is not None:
             errors.append(exc)
@@ -464,7 +472,10 @@ def refresh(
     try:
         new = _token_of((yield Put(key, data, retry_by=retry_by)), body)
     except DeadlineExceeded as cut:
-        yield Sleep(_confirm_delay(settings))
+        # the write may land up to jitter_min after the refusal (an attempt still on
+        # its way): confirm 2 x jitter_min after that, as the normal path does after
+        # its answer
+        yield Sleep(listing_fresh_for(settings) + _confirm_delay(settings))
         found, new_token = yield from _landed(key, data)
         if new_token is not None:
             return new_token  # refreshed: its answer was lost

@@ -327,7 +327,9 @@ def claim_segment(
     csprng: leases.CsprngSettings, rng: random.Random | None = None,
 ) -> Protocol[str | None]:
     """Claim a segment nobody holds (no lease at ``key``): :func:`.lease.claim` with our
-    first lease (its progress counts the first hand-out). Our token, or None (lost)."""
+    first lease (its progress counts the first hand-out). Our token, or None (lost);
+    a write that failed raises the store's error (DeadlineExceeded when a csprng
+    lease write's retry was refused and nothing landed)."""
     return leases.claim(caps, key, lease, csprng, rng)
 
 

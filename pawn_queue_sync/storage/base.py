@@ -26,7 +26,8 @@ attempt (retries included) is sent after it, each attempt's read timeout is capp
 the time left, and once it has passed the call raises :class:`DeadlineExceeded`. An
 attempt sent before the deadline may still be applied by the server after it.
 
-``put`` and ``delete`` also take ``retry_by`` (same clock): the first attempt is sent
+``put`` and ``delete`` also take ``retry_by`` (a :func:`time.monotonic` instant for every
+store: the protocol runner converts it from its own clock): the first attempt is sent
 at once, whatever the time, but no retry is sent after ``retry_by`` -- one whose backoff
 would end past it is not made (DeadlineExceeded) -- and each attempt waits for its
 answer as usual. A csprng_verify claim needs exactly this: its lease write, made right
