@@ -15,7 +15,11 @@ never reached the server (a reset, a timeout) and the client's S3 layer sends th
 that does ``resend`` seconds after the request was made. A Put or Delete with a
 ``retry_by`` gets DeadlineExceeded instead when that retry would leave after it (the
 first attempt always goes), as the real stores do; with ``honour_retry_by=False`` the
-model ignores ``retry_by`` (a client without it).
+model ignores ``retry_by`` (a client without it). ``early`` names (actor, request
+index) pairs whose client learns of a failure at once, before the request arrives (a
+reset after it went out through an intermediary): the request is still applied after
+its delay, and a Put or Delete with a ``retry_by`` gets DeadlineExceeded at once (its
+retry refused).
 
 The server: last-writer-wins objects, ETag = md5 of the body (or, with ``opaque_etags``,
 a fresh value per write), read-after-write, and
@@ -129,8 +133,10 @@ class SimS3:
     def __init__(
         self, *, if_none_match: bool = True, if_match: bool = True, time_resolution: float = 0.0,
         opaque_etags: bool = False, honour_retry_by: bool = True,
+        early: set[tuple[str, int]] | None = None,
     ) -> None:
         self.honour_retry_by = honour_retry_by
+        self.early = early or set()
         self.if_none_match = if_none_match
         #: ETags unrelated to the bytes (SSE-KMS, some gateways): one fresh value per write
         self.opaque_etags = opaque_etags
@@ -225,6 +231,8 @@ class SimS3:
         if isinstance(effect, Parallel):
             self._fork(actor, effect.branches)
             return
+        early = (actor.name, actor.counter.requests) in self.early and getattr(
+            effect, "retry_by", None) is not None
         to, back, resend = self._delay(actor, effect)
         actor.counter.requests += 1
         retry_by = getattr(effect, "retry_by", None) if self.honour_retry_by else None
@@ -240,9 +248,14 @@ class SimS3:
                 res, err = self._apply(actor.name, effect), None
             except (ObjectNotFound, ConditionFailed) as exc:
                 res, err = None, exc
-            self._at(self.now + back, lambda: self._step(actor, res, err))
+            if not early:  # else the client has already been told of a failure
+                self._at(self.now + back, lambda: self._step(actor, res, err))
 
         self._at(self.now + resend + to, arrive)
+        if early:
+            cut = DeadlineExceeded("reset; the retry-by time comes before attempt 2",
+                                   key=getattr(effect, "key", None))
+            self._at(self.now, lambda: self._step(actor, None, cut))
 
     def _end(self, actor: _Actor, value: Any, error: BaseException | None) -> None:
         if actor.join is not None:

@@ -181,26 +181,15 @@ def test_a_refresh_whose_write_is_still_in_flight_is_refreshed() -> None:
 
 # -- 3. the time translation in perform() (mutants of _retry_bound survive the suite) -------
 
-import time  # noqa: E402
 
-from pawn_queue_sync.clock import SystemClock  # noqa: E402
 from pawn_queue_sync.protocol.lease import release  # noqa: E402
 from pawn_queue_sync.storage.s3 import boto as boto_mod  # noqa: E402
 from pawn_queue_sync.storage.s3 import wire as wire_mod  # noqa: E402
 
 from .s3_recorder import PATHS, Recorder, Reply, Seen, recording, store_at  # noqa: E402
+from .test_review_retry import OffsetClock  # noqa: E402
 
 recorder = pytest.fixture(recording, name="recorder")
-
-
-class OffsetClock(SystemClock):
-    """The machine's clock with another monotonic origin."""
-
-    def __init__(self, offset: float) -> None:
-        self.offset = offset
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
 
 
 def _ours_then_one_503(seen: Seen) -> Reply:
@@ -260,70 +249,12 @@ def test_a_release_delete_is_not_retried_past_the_bound_whatever_the_clock(
 
 # -- 4. refresh's cut path confirms too early when its write was still in flight -----------
 
-from typing import Any  # noqa: E402
 
-from pawn_queue_sync.errors import ConditionFailed, LeaseLostError, ObjectNotFound  # noqa: E402
-from pawn_queue_sync.protocol.effects import Now, Parallel, Put, Sleep  # noqa: E402
+from pawn_queue_sync.errors import LeaseLostError  # noqa: E402
+from pawn_queue_sync.protocol.effects import Put  # noqa: E402
 from pawn_queue_sync.protocol.lease import reap  # noqa: E402
 
-from .sim_s3 import SimS3, _Actor  # noqa: E402
-
-
-class EarlyFailSim(SimS3):
-    """SimS3 plus one fault it does not model: a write whose answer is lost *before*
-    it reaches the server (a connection reset after the request went out through an
-    intermediary). The request still arrives after its ``to`` delay and is applied;
-    the client learns of the failure at once and its retry is refused (DeadlineExceeded,
-    as the S3 layer raises it when the backoff ends past ``retry_by``). ``early`` names
-    (actor, request index) pairs."""
-
-    def __init__(self, early: set[tuple[str, int]], **kw: Any) -> None:
-        super().__init__(**kw)
-        self.early = early
-
-    def _step(self, actor: _Actor, result: Any, error: BaseException | None,
-              first: bool = False) -> None:
-        try:
-            if first:
-                effect = next(actor.gen)
-            elif error is not None:
-                effect = actor.gen.throw(error)
-            else:
-                effect = actor.gen.send(result)
-        except StopIteration as stop:
-            self._end(actor, stop.value, None)
-            return
-        except Exception as exc:
-            self._end(actor, None, exc)
-            return
-        if isinstance(effect, Sleep):
-            self._at(self.now + max(0.0, effect.seconds), lambda: self._step(actor, None, None))
-            return
-        if isinstance(effect, Now):
-            self._at(self.now, lambda: self._step(actor, self.now, None))
-            return
-        if isinstance(effect, Parallel):
-            self._fork(actor, effect.branches)
-            return
-        index = actor.counter.requests
-        to, back, _resend = self._delay(actor, effect)
-        actor.counter.requests += 1
-        early = (actor.name, index) in self.early and getattr(effect, "retry_by", None)
-
-        def arrive() -> None:
-            try:
-                res, err = self._apply(actor.name, effect), None
-            except (ObjectNotFound, ConditionFailed) as exc:
-                res, err = None, exc
-            if not early:
-                self._at(self.now + back, lambda: self._step(actor, res, err))
-
-        self._at(self.now + to, arrive)
-        if early:
-            cut = DeadlineExceeded("reset; the retry-by time comes before attempt 2",
-                                   key=getattr(effect, "key", None))
-            self._at(self.now, lambda: self._step(actor, None, cut))
-
+from .sim_s3 import SimS3  # noqa: E402
 
 TIGHT = CsprngSettings(jitter_min_ms=5, jitter_max_ms=5, verify_retries=0,
                        verify_retry_delay_ms=0)
@@ -345,7 +276,7 @@ def test_a_refresh_cut_short_in_flight_never_makes_two_holders() -> None:
     waits from the write's answer, which comes after the landing; here the landing can
     come up to jitter_min after the refusal, so the look must wait 3 x jitter_min."""
     old = LeaseBody.new("h", "m", ORIGIN, 30.0)
-    sim = EarlyFailSim({("h", 1)}, if_none_match=False, if_match=False)
+    sim = SimS3(if_none_match=False, if_match=False, early={("h", 1)})
     sim.spawn("seed", _seed(old), start=0.0, delays=0.0)
     sim.spawn("h", refresh(KEY, old.token, LeaseBody.new("h", "m", ORIGIN, 30.0), NO_CAS,
                            TIGHT), start=0.001, delays=[(0, 0), (0.0049, 0), (0, 0)])
