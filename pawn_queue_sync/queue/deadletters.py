@@ -202,7 +202,12 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
     which carries it, is kept as ``redriven.reason``), under its original key (a
     conditional create, or HEAD then PUT where the server lacks If-None-Match; a
     message already there, from an earlier redrive or a nack interrupted before its
-    delete, is pending anyway); then the dead letter is deleted, only the version read
+    delete, is pending anyway, unless a consumer leases it: the lease of its id is
+    HEAD first, and a leased message already there is a nack or a dead-lettering
+    claim in progress, which deletes it next, so that letter is skipped, to redrive
+    again later; a lease with no message is one a consumer left after deleting it,
+    recorded as ``abandoned_lease`` so the janitor does not count it as a delivery
+    of the moved message); then the dead letter is deleted, only the version read
     (If-Match its ETag; elsewhere a HEAD checks it first), so one written again
     meanwhile (the message failed again) stays. A crash between the two leaves the dead
     letter: the next redrive moves it again, delivering it at most once more. Packed
@@ -246,8 +251,19 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
         return
     assert dl.raw is not None and dl.id is not None
     target = message_key_for(topic, dl, ctx.clock.now())
-    body = layout.canonical_json(redriven_doc(ctx, topic, dl))
-    _create(ctx, target, body)
+    doc = redriven_doc(ctx, topic, dl)
+    lease = _lease_etag(ctx, topic, dl.id)  # BEFORE the create: see below
+    if lease is not None:
+        # a lease of this id left by a consumer that died after deleting the message:
+        # the janitor must not count it as an abandoned delivery of the moved message
+        doc["abandoned_lease"] = lease
+    if not _create(ctx, target, layout.canonical_json(doc)) and lease is not None:
+        # the message is still there under a lease: a consumer is dead-lettering it
+        # right now (its dead-letter write comes before its message delete, and its
+        # lease goes last), so deleting the dead letter would lose it
+        result.skipped[key] = ("its message is still there, leased by a consumer (a "
+                               "nack in progress?): redrive again later")
+        return
     if not _delete_version(ctx, key, got.etag):
         log.info("redrive: %s was written again while it was moved (the moved message "
                  "failed again): the new dead letter stays", key)
@@ -291,18 +307,31 @@ def redriven_doc(ctx: Context, topic: str, dl: DeadLetter) -> dict[str, Any]:
     return doc
 
 
-def _create(ctx: Context, key: str, body: bytes) -> None:
-    """Write ``key`` unless it exists (the copy of an earlier move, pending)."""
+def _create(ctx: Context, key: str, body: bytes) -> bool:
+    """Write ``key`` unless it exists (the copy of an earlier move, pending): False
+    when it existed (and was kept as it is)."""
     if ctx.caps.if_none_match:
         try:
             ctx.store.put(key, body, if_none_match=True)
         except ConditionFailed:
-            log.info("redrive: %s exists already (an earlier move): kept", key)
-        return
+            log.info("redrive: %s exists already: kept", key)
+            return False
+        return True
     try:
         ctx.store.head(key)
     except ObjectNotFound:
         ctx.store.put(key, body)
+        return True
+    log.info("redrive: %s exists already: kept", key)
+    return False
+
+
+def _lease_etag(ctx: Context, topic: str, mid: str) -> str | None:
+    """The ETag of message ``mid``'s lease object, None when it has none (one HEAD)."""
+    try:
+        return ctx.store.head(layout.lease_key(topic, mid)).etag
+    except ObjectNotFound:
+        return None
 
 
 def _delete_version(ctx: Context, key: str, etag: str) -> bool:
