@@ -77,7 +77,6 @@ def test_redrive_during_a_dead_letter_at_claim_loses_the_message(
     assert left, f"message {mid} lost: redrive said {moved[0]}, nothing is left"
 
 
-@pytest.mark.xfail(strict=True, reason="review item 2: not fixed yet")
 def test_an_absurdly_small_rate_is_a_typed_error_before_anything_moves(
     tmp_path: Any,
 ) -> None:
@@ -205,7 +204,6 @@ def test_a_consumer_of_a_topic_deleted_elsewhere_fails_with_topic_not_found(
             consumer.poll()
 
 
-@pytest.mark.xfail(strict=True, reason="review item 2: not fixed yet")
 @pytest.mark.parametrize("rate", ["inf", "1e-300"])
 def test_cli_an_absurd_rate_is_a_usage_error_that_changes_nothing(
     store: Any, rate: str,

@@ -13,9 +13,10 @@ import sys
 from typing import Any
 
 from .. import layout
-from ..queue.deadletters import DeadLetter, iter_keys
+from ..errors import InvalidArgument
+from ..queue.deadletters import MIN_RATE, DeadLetter, check_rate, iter_keys
 from .exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from .shared import count, emit, open_queue, positive_seconds
+from .shared import count, emit, open_queue
 from .tables import json_lines, progress_bar, table
 
 ACTIONS = ("list", "redrive", "purge")
@@ -118,6 +119,17 @@ def cmd_peek(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rate(text: str) -> float:
+    """An argparse type: a redrive rate the library accepts (a usage error otherwise)."""
+    try:
+        value = float(text)
+        check_rate(value)
+    except (ValueError, InvalidArgument) as exc:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number >= {MIN_RATE}, got {text}") from exc
+    return value
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``dead-letter`` and ``peek`` to ``pawnq``'s subcommands."""
     dl = sub.add_parser(
@@ -129,8 +141,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     dl.add_argument("words", nargs="+", metavar="[list|redrive|purge] TOPIC")
     dl.add_argument("--max", type=count(1), default=None,
                     help="list: at most N (default 100); redrive: move at most N")
-    dl.add_argument("--rate", type=positive_seconds, default=None, metavar="R",
-                    help="redrive: at most R moves a second")
+    dl.add_argument("--rate", type=_rate, default=None, metavar="R",
+                    help=f"redrive: at most R moves a second (R >= {MIN_RATE})")
     dl.add_argument("--yes", "-y", action="store_true", help="purge: do not ask")
     dl.add_argument("--json", action="store_true", help="machine-readable output")
     dl.set_defaults(func=cmd_dead_letter)

@@ -28,10 +28,13 @@ from .context import Context
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeadLetter", "RedriveResult", "dead_letters", "iter_keys", "redrive"]
+__all__ = ["MIN_RATE", "DeadLetter", "RedriveResult", "check_rate", "dead_letters", "iter_keys",
+           "redrive"]
 
 #: Keys one listing page of dead letters reads (paged: a topic may hold 100k).
 PAGE = 1000
+#: The smallest redrive rate (moves per second): one move every 1,000 seconds.
+MIN_RATE = 0.001
 #: The longest dead-letter reason kept in a redriven message's ``redriven`` record.
 REASON_KEPT = 500
 #: A message's delivery records, dropped by a redrive (it starts again at 0 attempts).
@@ -214,10 +217,7 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
     topics too: their consumers read single messages beside segments.
     """
     check_limit("max", max)
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
-                             or not rate > 0 or rate == float("inf")):
-        raise InvalidArgument(f"rate must be None or a number of moves per second > 0, "
-                              f"not {rate!r}")
+    check_rate(rate)
     ctx.require_topic(topic)
     result = RedriveResult()
     started = ctx.clock.monotonic()
@@ -238,6 +238,18 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
     log.info("redrive of %r: %d moved, %d skipped, %d failed", topic, len(result.moved),
              len(result.skipped), len(result.failed))
     return result
+
+
+def check_rate(rate: float | None) -> None:
+    """None, or a finite number of moves per second of at least :data:`MIN_RATE`
+    (InvalidArgument otherwise): a smaller one would wait longer than anyone means to
+    (1e-9 waits 31 years between moves; 1e-300 overflows the sleep after the first)."""
+    if rate is None:
+        return
+    if (isinstance(rate, bool) or not isinstance(rate, (int, float))
+            or not MIN_RATE <= rate < float("inf")):
+        raise InvalidArgument(f"rate must be None or a finite number of moves per second "
+                              f">= {MIN_RATE}, not {rate!r}")
 
 
 def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> None:
