@@ -98,7 +98,6 @@ def test_an_absurdly_small_rate_is_a_typed_error_before_anything_moves(
         assert keys(pq) == before
 
 
-@pytest.mark.xfail(strict=True, reason="review item 3: not fixed yet")
 def test_a_pawnqueue_nack_interrupted_before_its_delete_is_redriven_twice(
     tmp_path: Any,
 ) -> None:

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -33,6 +33,10 @@ __all__ = ["MIN_RATE", "DeadLetter", "RedriveResult", "check_rate", "dead_letter
 
 #: Keys one listing page of dead letters reads (paged: a topic may hold 100k).
 PAGE = 1000
+#: How far from its ``created_at`` a pawn-queue 0.1.x message's key is looked for.
+NEAR = timedelta(seconds=2)
+#: The most listing pages that look (a topic publishing > 1,000 a second around then).
+NEAR_PAGES = 5
 #: The smallest redrive rate (moves per second): one move every 1,000 seconds.
 MIN_RATE = 0.001
 #: The longest dead-letter reason kept in a redriven message's ``redriven`` record.
@@ -263,6 +267,8 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
         return
     assert dl.raw is not None and dl.id is not None
     target = message_key_for(topic, dl, ctx.clock.now())
+    if dl.original_key is None:  # pawn-queue 0.1.x's: its message may still be pending
+        target = _pending_key(ctx, topic, dl) or target
     doc = redriven_doc(ctx, topic, dl)
     lease = _lease_etag(ctx, topic, dl.id)  # BEFORE the create: see below
     if lease is not None:
@@ -282,6 +288,44 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
     result.moved.append(dl.id)
 
 
+def _pending_key(ctx: Context, topic: str, dl: DeadLetter) -> str | None:
+    """The key of a message of ``dl``'s id still under ``messages/`` near its
+    ``created_at`` (None when none is found): pawn-queue 0.1.x names a message's key
+    from another clock reading than its ``created_at`` (microseconds apart) and its
+    nack copies, then deletes; a copy whose delete did not happen is pending under a
+    key the dead letter does not name. A LIST of the keys within :data:`NEAR` of it
+    (at most :data:`NEAR_PAGES` pages)."""
+    when = _created(dl)
+    if when is None or dl.id is None:
+        return None
+    prefix = layout.messages_prefix(topic)
+    low = layout.sortable_timestamp(when - NEAR)
+    high = layout.sortable_timestamp(when + NEAR)
+    cursor: str | None = prefix + low
+    for _ in range(NEAR_PAGES):
+        listing = ctx.store.list(prefix, limit=PAGE, start_after=cursor)
+        for info in listing.objects:
+            if info.key[len(prefix):len(prefix) + len(high)] > high:
+                return None
+            if layout.parse_message_key(topic, info.key) == dl.id:
+                return info.key
+        if not listing.truncated or not listing.objects:
+            return None
+        cursor = listing.objects[-1].key
+    return None
+
+
+def _created(dl: DeadLetter) -> datetime | None:
+    """``dl.created_at`` as an aware datetime (UTC when it names no zone), or None."""
+    if not dl.created_at:
+        return None
+    try:
+        parsed = datetime.fromisoformat(dl.created_at)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
 def message_key_for(topic: str, dl: DeadLetter, now: datetime) -> str:
     """Where a redriven message goes: its original key when the dead letter names one
     of this topic for its id (plain topics), else a key from its ``created_at`` (packed
@@ -291,15 +335,7 @@ def message_key_for(topic: str, dl: DeadLetter, now: datetime) -> str:
     original = dl.original_key
     if original is not None and layout.parse_message_key(topic, original) == dl.id:
         return original
-    when = now
-    if dl.created_at:
-        try:
-            parsed = datetime.fromisoformat(dl.created_at)
-        except ValueError:
-            parsed = None
-        if parsed is not None:
-            when = parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-    return layout.message_key(topic, layout.sortable_timestamp(when), dl.id)
+    return layout.message_key(topic, layout.sortable_timestamp(_created(dl) or now), dl.id)
 
 
 def redriven_doc(ctx: Context, topic: str, dl: DeadLetter) -> dict[str, Any]:
