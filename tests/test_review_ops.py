@@ -219,7 +219,6 @@ def test_cli_an_absurd_rate_is_a_usage_error_that_changes_nothing(
     assert listing(store) == before
 
 
-@pytest.mark.xfail(strict=True, reason="review item 5: not fixed yet")
 def test_purge_messages_of_a_packed_topic_purges_a_segment_given_back(
     tmp_path: Any,
 ) -> None:

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from .. import layout
-from ..errors import InvalidArgument, StorageError, TopicNotEmptyError
+from ..errors import InvalidArgument, ObjectNotFound, SegmentError, StorageError, TopicNotEmptyError
 from ..protocol.lease import is_stale
+from ..protocol.segments import Progress, SegmentLease
 from ..storage.base import DELETE_BATCH
 from .context import Context
 from .deadletters import iter_keys
@@ -57,9 +58,19 @@ def purge(ctx: Context, topic: str, section: str = "dead-letter",
             progress, id_of=lambda key: layout.parse_message_key(topic, key),
         )
         if ctx.topic_packed(topic):
+            given_back: dict[str, Progress] = {}
+
             def segment(key: str) -> int:
+                """Its messages not settled (all of them unless its lease was given
+                back with progress recorded)."""
                 parsed = layout.parse_segment_key(topic, key)
-                return parsed[1] if parsed is not None else 0
+                if parsed is None:
+                    return 0
+                sid, count = parsed
+                settled = given_back.get(sid)
+                if settled is None:
+                    return count
+                return sum(1 for i in range(count) if not settled.is_settled(i))
 
             def segment_id(key: str) -> str | None:
                 parsed = layout.parse_segment_key(topic, key)
@@ -67,8 +78,7 @@ def purge(ctx: Context, topic: str, section: str = "dead-letter",
 
             done = _purge_pages(
                 ctx, layout.segments_prefix(topic), segment,
-                lambda: _leased(ctx, topic, layout.segment_leases_prefix(topic),
-                                layout.segment_lease_id),
+                lambda: _held_segments(ctx, topic, given_back),
                 progress, done, id_of=segment_id,
             )
     log.info("purged %d from %s of %r", done, section, topic)
@@ -81,6 +91,31 @@ def _leased(ctx: Context, topic: str, prefix: str,
     reaps those; until then they count as held)."""
     return {n for o in ctx.store.list(prefix).objects
             if (n := name_of(topic, o.key)) is not None}
+
+
+def _held_segments(ctx: Context, topic: str, given_back: dict[str, Progress]) -> set[str]:
+    """The ids of ``topic``'s segments held by a consumer: a segment lease, stale or
+    not, that is not given back (``released``; unreadable counts as held). The given
+    back ones go into ``given_back`` with what their consumers settled. A LIST and a
+    GET per segment lease."""
+    given_back.clear()
+    held: set[str] = set()
+    for info in ctx.store.list(layout.segment_leases_prefix(topic)).objects:
+        sid = layout.segment_lease_id(topic, info.key)
+        if sid is None:
+            continue
+        try:
+            lease = SegmentLease.decode(ctx.store.get(info.key).body)
+        except ObjectNotFound:
+            continue  # given back and removed since the listing
+        except SegmentError:
+            held.add(sid)  # cannot tell: kept
+            continue
+        if lease.released:
+            given_back[sid] = lease.progress
+        else:
+            held.add(sid)
+    return held
 
 
 def _purge_pages(ctx: Context, prefix: str, weight: Callable[[str], int],
