@@ -242,7 +242,6 @@ def test_purge_messages_of_a_packed_topic_purges_a_segment_given_back(
         assert (purged, len(left)) == (9, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="review item 6: not fixed yet")
 def test_listing_dead_letters_does_not_download_an_object_of_any_size(
     tmp_path: Any,
 ) -> None:
@@ -273,6 +272,41 @@ def test_listing_dead_letters_does_not_download_an_object_of_any_size(
         letters = list(pq.dead_letters(TOPIC))
         assert len(letters) == 1 and letters[0].payload is None
         assert big not in fetched, "a 4 MiB dead letter was downloaded to be listed"
+    finally:
+        pq.teardown()
+        store.inner.close()
+
+
+def test_peek_does_not_download_a_pending_object_of_any_size(tmp_path: Any) -> None:
+    """The same for peek's pending messages (added with the fix of the test above): a
+    4 MiB object under messages/ (max_payload_bytes 1024), not yet moved aside by a
+    claim, is shown as too large to read, without a GET."""
+    from pawn_queue_sync.config import load_config
+    from pawn_queue_sync.storage.factory import build_store
+
+    cfg = load_config({"local": {"path": str(tmp_path / "s")},
+                       "publishing": {"max_payload_bytes": 1024}})
+    store = Wrapped(build_store(cfg))
+    fetched: list[str] = []
+    inner_get = store.inner.get
+
+    def get(key: str, *a: Any, **kw: Any) -> Any:
+        fetched.append(key)
+        return inner_get(key, *a, **kw)
+
+    pq = PawnQueue(cfg, store=store).setup()  # type: ignore[arg-type]
+    try:
+        pq.create_topic(TOPIC)
+        mid = pq.register_producer("p").publish(TOPIC, {"n": 1})
+        big = layout.message_key(TOPIC, "20990101T000000_000000",
+                                 "00000000-0000-4000-8000-000000000000")
+        pq.store.put(big, b"x" * (4 * 1024 * 1024))
+        store.inner.get = get  # type: ignore[method-assign]
+        seen = pq.peek(TOPIC, n=5)
+        assert [m.id for m in seen if m.payload is not None] == [mid]
+        (huge,) = [m for m in seen if m.key == big]
+        assert huge.payload is None and "too large" in (huge.error or "")
+        assert big not in fetched, "a 4 MiB pending object was downloaded to be peeked"
     finally:
         pq.teardown()
         store.inner.close()

@@ -164,11 +164,35 @@ def dead_letters(ctx: Context, topic: str, limit: int | None = None) -> Iterator
 
 def _read_all(ctx: Context, topic: str, limit: int | None) -> Iterator[DeadLetter]:
     for info in iter_keys(ctx, layout.dead_letter_prefix(topic), limit):
+        if (big := too_large(ctx, topic, info)) is not None:
+            yield big
+            continue
         try:
             got = ctx.store.get(info.key)
         except ObjectNotFound:
             continue  # redriven or purged since the listing
         yield read_dead_letter(topic, info.key, got.body, got.etag, got.last_modified)
+
+
+def largest_readable(ctx: Context) -> int:
+    """The largest dead letter read whole, in bytes: a message of the largest payload
+    with its records, or a quarantined object of up to 4 x ``max_payload_bytes`` in
+    base64 (4/3 as long), with room to spare."""
+    return 8 * ctx.config.publishing.max_payload_bytes + 65536
+
+
+def too_large(ctx: Context, topic: str, info: ObjectInfo) -> DeadLetter | None:
+    """A DeadLetter (payload None) for an object too large to read, as its listing
+    gives its size (a foreign object of any size, moved aside unread by a claim); None
+    for one to read."""
+    if info.size <= largest_readable(ctx):
+        return None
+    return DeadLetter(id=None, topic=topic, key=info.key, payload=None, created_at=None,
+                      producer_id=None, reason=f"too large to read ({info.size} bytes)",
+                      dead_lettered_at=(layout.iso(info.last_modified)
+                                        if info.last_modified is not None else None),
+                      delivery_count=None, consumer_id=None, original_key=None,
+                      last_error=None, raw=None, etag=info.etag)
 
 
 def check_limit(name: str, value: int | None) -> None:
@@ -233,7 +257,10 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
             if wait > 0:
                 ctx.clock.sleep(wait)
         try:
-            _redrive_one(ctx, topic, info.key, result)
+            if (big := too_large(ctx, topic, info)) is not None:
+                result.skipped[info.key] = f"not a message to put back: {big.reason}"
+            else:
+                _redrive_one(ctx, topic, info.key, result)
         except StorageError as exc:
             result.failed[info.key] = str(exc)
             log.warning("redrive of %s failed: %s", info.key, exc)

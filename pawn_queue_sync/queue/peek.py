@@ -14,7 +14,7 @@ from .. import layout, packing
 from ..errors import ObjectNotFound, SegmentError
 from ..protocol.segments import Progress, SegmentLease
 from .context import Context
-from .deadletters import DeadLetter, check_limit, dead_letters, iter_keys
+from .deadletters import DeadLetter, check_limit, dead_letters, iter_keys, largest_readable
 
 __all__ = ["PeekedMessage", "peek"]
 
@@ -68,6 +68,12 @@ def _singles(ctx: Context, topic: str, n: int) -> Iterator[PeekedMessage]:
               if (mid := layout.lease_message_id(topic, o.key)) is not None}
     for info in ctx.store.list(layout.messages_prefix(topic), limit=n).objects:
         mid = layout.parse_message_key(topic, info.key)
+        if info.size > largest_readable(ctx):  # a foreign object of any size: not read
+            yield PeekedMessage(id=mid, topic=topic, key=info.key, payload=None,
+                                created_at=None, producer_id=None, attempts=0,
+                                last_error=None, leased=mid in leased,
+                                error=f"too large to read ({info.size} bytes)")
+            continue
         try:
             body = ctx.store.get(info.key).body
         except ObjectNotFound:
