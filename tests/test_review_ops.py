@@ -603,3 +603,16 @@ def test_delete_topic_without_force_never_deletes_a_message_published_meanwhile(
     (mid,) = published
     left = [layout.parse_message_key(TOPIC, k) for k in keys(pq, layout.messages_prefix(TOPIC))]
     assert left == [mid]
+
+
+def test_dead_letter_usage_line_names_action_and_topic_once() -> None:
+    """Review item 12: ``nargs="+"`` made argparse print the usage as
+    ``[list|redrive|purge] TOPIC [[list|redrive|purge] TOPIC ...]``."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pawn_queue_sync", "dead-letter", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    usage = " ".join(proc.stdout.split("\n\n")[0].split())
+    assert proc.returncode == 0, proc.stderr
+    assert usage.count("[list|redrive|purge] TOPIC") == 1 and "..." not in usage, usage

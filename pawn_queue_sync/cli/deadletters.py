@@ -134,12 +134,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``dead-letter`` and ``peek`` to ``pawnq``'s subcommands."""
     dl = sub.add_parser(
         "dead-letter", parents=[common],
+        # stated: argparse would print nargs="+" as "WORDS [WORDS ...]"
+        usage="pawnq dead-letter [list|redrive|purge] TOPIC [--max N] [--rate R] [--yes] "
+              "[--json] [--config CONFIG] [--verbose]",
         help="a topic's dead letters: list (the default), redrive, purge",
         description="list: dead letters with their reasons; redrive: move them back to "
                     "the topic (written before deleted: a crash repeats one, never loses "
                     "one); purge: delete them (asks first unless --yes).")
-    dl.add_argument("words", nargs="+", metavar="[list|redrive|purge] TOPIC")
-    dl.add_argument("--max", type=count(1), default=None,
+    dl.add_argument("words", nargs="+", metavar="[list|redrive|purge] TOPIC",
+                    help="the action (list when left out) and the topic")
+    dl.add_argument("--max", type=count(1), default=None, metavar="N",
                     help="list: at most N (default 100); redrive: move at most N")
     dl.add_argument("--rate", type=_rate, default=None, metavar="R",
                     help=f"redrive: at most R moves a second (R >= {MIN_RATE})")
