@@ -240,6 +240,18 @@ def test_purge_messages_of_a_packed_topic_purges_a_segment_given_back(
         assert (purged, len(left)) == (9, 0)
 
 
+def _recording_gets(store: Wrapped) -> tuple[list[str], Any]:
+    """A list the returned GET appends each key it reads to, and that GET."""
+    fetched: list[str] = []
+    inner_get = store.inner.get
+
+    def get(key: str, *a: Any, **kw: Any) -> Any:
+        fetched.append(key)
+        return inner_get(key, *a, **kw)
+
+    return fetched, get
+
+
 def test_listing_dead_letters_does_not_download_an_object_of_any_size(
     tmp_path: Any,
 ) -> None:
@@ -254,13 +266,7 @@ def test_listing_dead_letters_does_not_download_an_object_of_any_size(
     cfg = load_config({"local": {"path": str(tmp_path / "s")},
                        "publishing": {"max_payload_bytes": 1024}})
     store = Wrapped(build_store(cfg))
-    fetched: list[str] = []
-    inner_get = store.inner.get
-
-    def get(key: str, *a: Any, **kw: Any) -> Any:
-        fetched.append(key)
-        return inner_get(key, *a, **kw)
-
+    fetched, get = _recording_gets(store)
     pq = PawnQueue(cfg, store=store).setup()  # type: ignore[arg-type]
     try:
         pq.create_topic(TOPIC)
@@ -285,13 +291,7 @@ def test_peek_does_not_download_a_pending_object_of_any_size(tmp_path: Any) -> N
     cfg = load_config({"local": {"path": str(tmp_path / "s")},
                        "publishing": {"max_payload_bytes": 1024}})
     store = Wrapped(build_store(cfg))
-    fetched: list[str] = []
-    inner_get = store.inner.get
-
-    def get(key: str, *a: Any, **kw: Any) -> Any:
-        fetched.append(key)
-        return inner_get(key, *a, **kw)
-
+    fetched, get = _recording_gets(store)
     pq = PawnQueue(cfg, store=store).setup()  # type: ignore[arg-type]
     try:
         pq.create_topic(TOPIC)

@@ -16,15 +16,23 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 import attrs
 
 from .. import layout
-from ..errors import ConditionFailed, InvalidArgument, ObjectNotFound, StorageError
+from ..errors import InvalidArgument, ObjectNotFound, StorageError
 from ..storage.base import ObjectInfo
 from .context import Context
+from .redrive_moves import (
+    create,
+    delete_version,
+    lease_etag,
+    message_key_for,
+    pending_key,
+    redriven_doc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +41,8 @@ __all__ = ["MIN_RATE", "DeadLetter", "RedriveResult", "check_rate", "dead_letter
 
 #: Keys one listing page of dead letters reads (paged: a topic may hold 100k).
 PAGE = 1000
-#: How far from its ``created_at`` a pawn-queue 0.1.x message's key is looked for.
-NEAR = timedelta(seconds=2)
-#: The most listing pages that look (a topic publishing > 1,000 a second around then).
-NEAR_PAGES = 5
 #: The smallest redrive rate (moves per second): one move every 1,000 seconds.
 MIN_RATE = 0.001
-#: The longest dead-letter reason kept in a redriven message's ``redriven`` record.
-REASON_KEPT = 500
-#: A message's delivery records, dropped by a redrive (it starts again at 0 attempts).
-_DELIVERY_FIELDS = ("attempts", "last_error", "abandoned_lease", "dead_letter", "redriven")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NO_RECORD = "no reason recorded (a plain copy of the message: pawn-queue 0.1.x's nack)"
 
@@ -295,137 +295,21 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
     assert dl.raw is not None and dl.id is not None
     target = message_key_for(topic, dl, ctx.clock.now())
     if dl.original_key is None:  # pawn-queue 0.1.x's: its message may still be pending
-        target = _pending_key(ctx, topic, dl) or target
+        target = pending_key(ctx, topic, dl) or target
     doc = redriven_doc(ctx, topic, dl)
-    lease = _lease_etag(ctx, topic, dl.id)  # BEFORE the create: see below
+    lease = lease_etag(ctx, topic, dl.id)  # BEFORE the create: see below
     if lease is not None:
         # a lease of this id left by a consumer that died after deleting the message:
         # the janitor must not count it as an abandoned delivery of the moved message
         doc["abandoned_lease"] = lease
-    if not _create(ctx, target, layout.canonical_json(doc)) and lease is not None:
+    if not create(ctx, target, layout.canonical_json(doc)) and lease is not None:
         # the message is still there under a lease: a consumer is dead-lettering it
         # right now (its dead-letter write comes before its message delete, and its
         # lease goes last), so deleting the dead letter would lose it
         result.skipped[key] = ("its message is still there, leased by a consumer (a "
                                "nack in progress?): redrive again later")
         return
-    if not _delete_version(ctx, key, got.etag):
+    if not delete_version(ctx, key, got.etag):
         log.info("redrive: %s was written again while it was moved (the moved message "
                  "failed again): the new dead letter stays", key)
     result.moved.append(dl.id)
-
-
-def _pending_key(ctx: Context, topic: str, dl: DeadLetter) -> str | None:
-    """The key of a message of ``dl``'s id still under ``messages/`` near its
-    ``created_at`` (None when none is found): pawn-queue 0.1.x names a message's key
-    from another clock reading than its ``created_at`` (microseconds apart) and its
-    nack copies, then deletes; a copy whose delete did not happen is pending under a
-    key the dead letter does not name. A LIST of the keys within :data:`NEAR` of it
-    (at most :data:`NEAR_PAGES` pages)."""
-    when = _created(dl)
-    if when is None or dl.id is None:
-        return None
-    prefix = layout.messages_prefix(topic)
-    low = layout.sortable_timestamp(when - NEAR)
-    high = layout.sortable_timestamp(when + NEAR)
-    cursor: str | None = prefix + low
-    for _ in range(NEAR_PAGES):
-        listing = ctx.store.list(prefix, limit=PAGE, start_after=cursor)
-        for info in listing.objects:
-            if info.key[len(prefix):len(prefix) + len(high)] > high:
-                return None
-            if layout.parse_message_key(topic, info.key) == dl.id:
-                return info.key
-        if not listing.truncated or not listing.objects:
-            return None
-        cursor = listing.objects[-1].key
-    return None
-
-
-def _created(dl: DeadLetter) -> datetime | None:
-    """``dl.created_at`` as an aware datetime (UTC when it names no zone), or None."""
-    if not dl.created_at:
-        return None
-    try:
-        parsed = datetime.fromisoformat(dl.created_at)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
-def message_key_for(topic: str, dl: DeadLetter, now: datetime) -> str:
-    """Where a redriven message goes: its original key when the dead letter names one
-    of this topic for its id (plain topics), else a key from its ``created_at`` (packed
-    topics, pawn-queue's dead letters), else from ``now``. A fixed key makes a repeated
-    move find the first one's copy instead of writing a second."""
-    assert dl.id is not None
-    original = dl.original_key
-    if original is not None and layout.parse_message_key(topic, original) == dl.id:
-        return original
-    return layout.message_key(topic, layout.sortable_timestamp(_created(dl) or now), dl.id)
-
-
-def redriven_doc(ctx: Context, topic: str, dl: DeadLetter) -> dict[str, Any]:
-    """The message a redrive writes: the dead letter's fields without delivery records,
-    and ``redriven`` (when, how many times so far, the reason it was dead-lettered)."""
-    assert dl.raw is not None
-    doc = {k: v for k, v in dl.raw.items() if k not in _DELIVERY_FIELDS}
-    doc["topic"] = topic
-    before = dl.raw.get("redriven")
-    times = before.get("times", 0) if isinstance(before, dict) else 0
-    doc["redriven"] = {
-        "at": layout.iso(ctx.clock.now()),
-        "times": (times if isinstance(times, int) else 0) + 1,
-        "reason": dl.reason[:REASON_KEPT],
-        "delivery_count": dl.delivery_count,
-    }
-    return doc
-
-
-def _create(ctx: Context, key: str, body: bytes) -> bool:
-    """Write ``key`` unless it exists (the copy of an earlier move, pending): False
-    when it existed (and was kept as it is)."""
-    if ctx.caps.if_none_match:
-        try:
-            ctx.store.put(key, body, if_none_match=True)
-        except ConditionFailed:
-            log.info("redrive: %s exists already: kept", key)
-            return False
-        return True
-    try:
-        ctx.store.head(key)
-    except ObjectNotFound:
-        ctx.store.put(key, body)
-        return True
-    log.info("redrive: %s exists already: kept", key)
-    return False
-
-
-def _lease_etag(ctx: Context, topic: str, mid: str) -> str | None:
-    """The ETag of message ``mid``'s lease object, None when it has none (one HEAD)."""
-    try:
-        return ctx.store.head(layout.lease_key(topic, mid)).etag
-    except ObjectNotFound:
-        return None
-
-
-def _delete_version(ctx: Context, key: str, etag: str) -> bool:
-    """Delete the dead letter at ``key`` while it is version ``etag``: True when
-    deleted (or gone), False when another version is there."""
-    try:
-        if ctx.caps.if_match and etag:
-            ctx.store.delete(key, if_match=etag)
-        else:  # no If-Match on this server: check, then delete (a narrow race)
-            if ctx.store.head(key).etag != etag:
-                return False
-            ctx.store.delete(key)
-    except ObjectNotFound:
-        return True
-    except ConditionFailed:
-        try:
-            ctx.store.head(key)
-        except ObjectNotFound:
-            return True  # removed by another redrive or a purge
-        return False
-    return True
-
