@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import layout
 from ..errors import ConditionFailed, ObjectNotFound
 from .context import Context
+from .topics import _put_once as put_once  # the same create as a topic marker's
 
 if TYPE_CHECKING:
     from .deadletters import DeadLetter
@@ -102,17 +103,7 @@ def redriven_doc(ctx: Context, topic: str, dl: DeadLetter) -> dict[str, Any]:
 def create(ctx: Context, key: str, body: bytes) -> bool:
     """Write ``key`` unless it exists (the copy of an earlier move, pending): False
     when it existed (and was kept as it is)."""
-    if ctx.caps.if_none_match:
-        try:
-            ctx.store.put(key, body, if_none_match=True)
-        except ConditionFailed:
-            log.info("redrive: %s exists already: kept", key)
-            return False
-        return True
-    try:
-        ctx.store.head(key)
-    except ObjectNotFound:
-        ctx.store.put(key, body)
+    if put_once(ctx, key, body):
         return True
     log.info("redrive: %s exists already: kept", key)
     return False
