@@ -264,6 +264,13 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
         except StorageError as exc:
             result.failed[info.key] = str(exc)
             log.warning("redrive of %s failed: %s", info.key, exc)
+        except (OverflowError, ValueError, UnicodeError) as exc:
+            # a letter that reads but cannot be put back (a created_at near the ends of
+            # time, NaN or a lone surrogate that the JSON writer refuses): skip it, and
+            # go on with the others rather than stop the run at it
+            result.skipped[info.key] = (f"cannot be put back: {type(exc).__name__}: "
+                                        f"{exc}")
+            log.warning("redrive of %s skipped: %s", info.key, exc)
         if progress is not None:
             progress(examined)
     log.info("redrive of %r: %d moved, %d skipped, %d failed", topic, len(result.moved),
