@@ -13,7 +13,19 @@ import pytest
 from pawn_queue_sync import PawnQueue, layout
 from pawn_queue_sync.errors import PawnQueueError
 
+from .test_review_ops import _packed_cfg, segment_given_back
+
 TOPIC = "orders"
+
+
+def _redrive_typed(pq: PawnQueue) -> Any:
+    """pq.redrive(TOPIC); any error that is not the library's fails the test."""
+    try:
+        return pq.redrive(TOPIC)
+    except PawnQueueError:
+        raise
+    except Exception as exc:
+        pytest.fail(f"redrive raised untyped {type(exc).__name__}: {exc}")
 
 
 @pytest.mark.parametrize("created_at", [
@@ -37,12 +49,7 @@ def test_redrive_survives_a_dead_letter_with_an_extreme_created_at(
             doc = {"id": mid, "topic": TOPIC, "created_at": created,
                    "producer_id": str(uuid.uuid4()), "payload": {"mid": mid}}
             pq.store.put(layout.dead_letter_key(TOPIC, mid), json.dumps(doc).encode())
-        try:
-            result = pq.redrive(TOPIC)
-        except PawnQueueError:
-            raise
-        except Exception as exc:
-            pytest.fail(f"redrive raised untyped {type(exc).__name__}: {exc}")
+        result = _redrive_typed(pq)
         assert good in result.moved, result
         assert odd in result.moved or layout.dead_letter_key(TOPIC, odd) in (
             {**result.skipped, **result.failed}), result
@@ -59,16 +66,8 @@ def test_purge_of_a_segment_given_back_leaves_no_lease_that_blocks_delete_topic(
     remover of leases). delete_topic (without force) then refuses the emptied topic
     with "live segment leases" although nobody holds anything, until the visibility
     timeout passes and a consumer's poll reaps it."""
-    cfg = {"local": {"path": str(tmp_path / "s")}, "polling": {"interval_seconds": 0.05}}
-    with PawnQueue(cfg) as pq:
-        pq.create_topic(TOPIC, packed=True)
-        pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(10)])
-        consumer = pq.register_consumer("c", [TOPIC])
-        got = consumer.poll(max_messages=3)
-        got[0].ack()
-        for m in got[1:]:
-            m.release()
-        consumer.close()
+    with PawnQueue(_packed_cfg(tmp_path)) as pq:
+        segment_given_back(pq)
         assert pq.purge(TOPIC, section="messages") == 9
         left = [o.key for o in pq.store.list(f"{TOPIC}/").objects
                 if not o.key.endswith((".topic", ".packed"))]
@@ -94,12 +93,7 @@ def test_redrive_survives_a_dead_letter_it_cannot_write_back(
             doc = (b'{"id":"' + mid.encode() + b'","topic":"orders","created_at":'
                    b'"2026-01-01T00:00:00+00:00","payload":' + body + b"}")
             pq.store.put(layout.dead_letter_key(TOPIC, mid), doc)
-        try:
-            result = pq.redrive(TOPIC)
-        except PawnQueueError:
-            raise
-        except Exception as exc:
-            pytest.fail(f"redrive raised untyped {type(exc).__name__}: {exc}")
+        result = _redrive_typed(pq)
         assert good in result.moved, result
         assert layout.dead_letter_key(TOPIC, odd) in {**result.skipped, **result.failed}
 

@@ -220,6 +220,23 @@ def test_cli_an_absurd_rate_is_a_usage_error_that_changes_nothing(
     assert listing(store) == before
 
 
+def _packed_cfg(tmp_path: Any) -> dict[str, Any]:
+    return {"local": {"path": str(tmp_path / "s")}, "polling": {"interval_seconds": 0.05}}
+
+
+def segment_given_back(pq: PawnQueue) -> None:
+    """A packed topic of 10 messages whose consumer took 3, acked one, released two and
+    closed: its segment lease stays, marked released; 9 messages pending."""
+    pq.create_topic(TOPIC, packed=True)
+    pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(10)])
+    consumer = pq.register_consumer("c", [TOPIC])
+    got = consumer.poll(max_messages=3)
+    got[0].ack()
+    for m in got[1:]:
+        m.release()
+    consumer.close()
+
+
 def test_purge_messages_of_a_packed_topic_purges_a_segment_given_back(
     tmp_path: Any,
 ) -> None:
@@ -227,16 +244,8 @@ def test_purge_messages_of_a_packed_topic_purges_a_segment_given_back(
     closes: its segment lease stays, marked released (peek shows every message as not
     leased). purge(section="messages") counts any segment-lease object as held, so it
     purges nothing, and the 9 pending messages are delivered after the purge."""
-    cfg = {"local": {"path": str(tmp_path / "s")}, "polling": {"interval_seconds": 0.05}}
-    with PawnQueue(cfg) as pq:
-        pq.create_topic(TOPIC, packed=True)
-        pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(10)])
-        consumer = pq.register_consumer("c", [TOPIC])
-        got = consumer.poll(max_messages=3)
-        got[0].ack()
-        for m in got[1:]:
-            m.release()
-        consumer.close()
+    with PawnQueue(_packed_cfg(tmp_path)) as pq:
+        segment_given_back(pq)
         assert not any(m.leased for m in pq.peek(TOPIC, n=20))  # nobody holds them
         purged = pq.purge(TOPIC, section="messages")
         left = pq.register_consumer("after", [TOPIC]).poll(max_messages=20)
