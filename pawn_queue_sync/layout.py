@@ -9,6 +9,8 @@
     {topic}/.packed                              manifest: the topic is packed
     {topic}/segments/{YYYYMMDDTHHMMSS_ffffff}-{segment_uuid}-n{count}.seg   a segment
     {topic}/segment-leases/{segment_uuid}.lease  lease on a segment (progress inside)
+    {topic}/delayed/{YYYYMMDDTHHMMSS_ffffff}-{uuid}-d{delay_ms}.json   a delayed message
+    {topic}/dedup/{sha256 of the dedup id}.json  deduplication marker
     _registry/{producers|consumers}/{uuid}.json  registrations
     _probe/{uuid}.probe                          capability probe (always removed)
 """
@@ -31,6 +33,8 @@ PROBE_PREFIX = "_probe/"
 PACKED_MANIFEST = ".packed"
 SEGMENTS = "segments"
 SEGMENT_LEASES = "segment-leases"
+DELAYED = "delayed"
+DEDUP = "dedup"
 
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _TS_ID = (
@@ -161,3 +165,16 @@ def segment_lease_key(topic: str, segment_id: str) -> str:
 def segment_lease_id(topic: str, key: str) -> str | None:
     """The segment id a segment lease key refers to, or None for a foreign object."""
     return _lease_name(segment_leases_prefix(topic), key)
+
+
+# --------------------------------------------------------------------------- delays, dedup
+# pawn-queue 0.1.x never lists delayed/ nor dedup/: a delayed message is invisible to its
+# consumers until it is moved to messages/ (queue/delayed.py).
+
+
+def delayed_prefix(topic: str) -> str:
+    return f"{topic}/{DELAYED}/"
+
+
+def dedup_prefix(topic: str) -> str:
+    return f"{topic}/{DEDUP}/"

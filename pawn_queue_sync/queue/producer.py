@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import layout
 from ..errors import PayloadError, PublishError, StorageError
+from . import dedup, delayed
 from .batcher import Batcher, SegmentWriter, new_ids
 from .context import Context
 from .registry import RegistryEntry
@@ -47,8 +48,16 @@ class Producer:
         *,
         message_id: str | None = None,
         created_at: datetime | None = None,
+        delay_seconds: float | None = None,
+        dedup_id: str | None = None,
     ) -> str:
         """Publish one JSON-serialisable payload; returns the message id.
+
+        ``delay_seconds``: the message stays invisible to every consumer until then
+        (see :mod:`~pawn_queue_sync.queue.delayed`). ``dedup_id``: within
+        ``publishing.dedup_window_seconds`` a second publish with the same id on the
+        same topic writes nothing and returns the first message's id (see
+        :mod:`~pawn_queue_sync.queue.dedup`).
 
         ``message_id`` (a UUID string) and ``created_at`` make the object key
         deterministic, so re-publishing the same message overwrites it instead of
@@ -61,6 +70,22 @@ class Producer:
         the segment holding it is stored, and raises PublishError if that write failed.
         """
         self._ctx.require_topic(topic)
+        delay = delayed.check_delay(delay_seconds)
+        if dedup_id is None:
+            return self._publish_one(topic, payload, message_id, created_at, delay)
+        return dedup.publish_once(
+            self._ctx, topic, dedup.check_dedup_id(dedup_id),
+            self._message_id(message_id), self._created_at(created_at),
+            lambda mid, when: self._publish_one(topic, payload, mid, when, delay),
+        )
+
+    def _publish_one(self, topic: str, payload: Any, message_id: str | None,
+                     created_at: datetime | None, delay: float | None) -> str:
+        """One message: delayed, into the topic's open segment, or as its own object."""
+        if delay is not None:
+            key, body, mid = self._encode(topic, payload, message_id, created_at)
+            delayed.write_delayed(self._ctx, topic, key, body, delay)
+            return mid
         if self._ctx.topic_packed(topic):
             mid = new_ids(1)[0] if message_id is None else self._message_id(message_id)
             when = self._created_at(created_at)
