@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pawn_queue_sync"
 
 #: Layer of each top-level name of the package, bottom-up.
 LAYERS: dict[str, int] = {
-    "errors": 0, "clock": 0, "encoding": 0, "layout": 0, "packing": 0,
+    "errors": 0, "clock": 0, "encoding": 0, "layout": 0, "packing": 0, "events": 0,
     "config": 1,
     "storage": 2,
     "protocol": 3,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from ..errors import ConditionFailed, ObjectNotFound, StorageError
+from ..events import EventCallback
 from ..protocol import lease as leases
 from ..protocol.effects import run
 from .context import Context
@@ -47,6 +48,8 @@ class Claimant:
     id: str
     consumer: Consumer = attrs.field(repr=False)
     rng: random.Random = attrs.field(factory=random.SystemRandom, repr=False)
+    #: the consumer's own event callback (``register_consumer(on_event=...)``)
+    on_event: EventCallback | None = attrs.field(default=None, repr=False)
     lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, init=False)
     _inflight: dict[str, Message] = attrs.field(factory=dict, repr=False, init=False)
     _releasing: set[str] = attrs.field(factory=set, repr=False, init=False)
@@ -62,17 +65,39 @@ class Claimant:
             return list(self._inflight.values())
 
     def track(self, msg: Message) -> None:
-        """Count ``msg`` in flight (a later claim of its id replaces an earlier one)."""
+        """Count ``msg`` in flight (a later claim of its id replaces an earlier one);
+        a ``claimed`` event."""
+        msg.delivered_at = self.ctx.clock.monotonic()
         with self.lock:
             self._inflight[msg.id] = msg
+        self.emit("claimed", msg.topic, msg.id, delivery_count=msg.delivery_count)
 
     def settled(self, msg: Message, state: State) -> None:
         """Record how ``msg`` ended and stop counting it in flight (only this very
-        object: a later claim of the same id may be in flight under it)."""
+        object: a later claim of the same id may be in flight under it). An ``acked``
+        or ``lease_lost`` event (nacks and retries are the consumer's: they know why)."""
         msg.state = state
         with self.lock:
             if self._inflight.get(msg.id) is msg:
                 del self._inflight[msg.id]
+        kind = _EVENT_OF.get(state)
+        if kind is not None:
+            self.emit(kind, msg.topic, msg.id, delivery_count=msg.delivery_count,
+                      duration=self.held_for(msg) if kind == "acked" else None)
+
+    def held_for(self, msg: Message) -> float | None:
+        """The handler's run time (under a listener), else the seconds since ``msg``
+        was handed out: the duration events report for its settlement."""
+        if msg.handler_seconds is not None:
+            return msg.handler_seconds
+        if msg.delivered_at is None:
+            return None
+        return self.ctx.clock.monotonic() - msg.delivered_at
+
+    def emit(self, kind: str, topic: str, message_id: str | None, **fields: Any) -> None:
+        """An event of this consumer, for the queue's callbacks and its own."""
+        self.ctx.emit(kind, topic, message_id, consumer_id=self.id, also=self.on_event,
+                      **fields)
 
     def ours(self, topic: str) -> set[str]:
         """Ids of the messages of ``topic`` whose leases are ours: in flight, or
@@ -141,6 +166,9 @@ class Claimant:
         log.info("%s was replaced or removed while we held it: left as it is", key)
         return False
 
+
+#: The events :meth:`Claimant.settled` reports, by the state a message ends in.
+_EVENT_OF: dict[str, str] = {"acked": "acked", "lost": "lease_lost"}
 
 #: Every live claimant, so a forked child can give them fresh locks.
 _CLAIMANTS: weakref.WeakSet[Claimant] = weakref.WeakSet()

@@ -251,6 +251,7 @@ def dead_letter_claimed(
     finally:
         claimant.drop_lease(won.lease_key, won.token)
     log.warning("dead-lettered %s/%s at claim: %s", topic, won.mid, reason)
+    claimant.emit("dead_lettered", topic, won.mid, delivery_count=attempts, error=reason)
 
 
 def quarantine_foreign(claimant: Claimant, topic: str, key: str, size: int) -> None:
@@ -293,6 +294,7 @@ def quarantine(
         ctx.store.copy(key, dl_key)
     ctx.store.delete(key)
     log.warning("moved %s to %s: %s", key, dl_key, reason)
+    claimant.emit("dead_lettered", topic, name, error=reason)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..errors import LeaseLostError, StorageError
+from ..events import EventCallback
 from ..runtime.listen import Listener
 from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 class Consumer:
     """Consumes one or more topics under a registered, stable consumer id."""
 
-    def __init__(self, ctx: Context, entry: RegistryEntry, topics: Sequence[str]) -> None:
+    def __init__(self, ctx: Context, entry: RegistryEntry, topics: Sequence[str],
+                 on_event: EventCallback | None = None) -> None:
         if isinstance(topics, str):
             topics = [topics]
         if not topics:
@@ -47,7 +49,7 @@ class Consumer:
         self._topics = list(dict.fromkeys(topics))
         self._rr = 0
         #: our id, randomness and what we hold, as claims and settlements see them
-        self._claimant = Claimant(ctx, entry.entity_id, self)
+        self._claimant = Claimant(ctx, entry.entity_id, self, on_event=on_event)
         #: our rank among the registered consumers and their number (None: not asked
         #: yet), and when (monotonic) we asked
         self._peers: tuple[int, int] | None = None
@@ -126,6 +128,11 @@ class Consumer:
                 got.extend(self._polled(topic).poll(topic, want - len(got)))
             except StorageError as exc:  # claims made elsewhere are kept, never dropped
                 failed.append((topic, exc))
+                self._claimant.emit("poll_error", topic, None, error=str(exc))
+            except Exception as exc:
+                self._claimant.emit("poll_error", topic, None,
+                                    error=f"{type(exc).__name__}: {exc}")
+                raise
         if failed and not got:
             topic, exc = failed[0]
             for other, error in failed[1:]:
@@ -235,7 +242,12 @@ class Consumer:
         """Write the message to the dead-letter prefix with ``reason``, then delete it
         and its lease. If the dead-letter write fails, nothing is deleted."""
         _check_text("reason", reason)
+        leased = msg.state == "leased"
         self._source(msg).nack(msg, reason)
+        if leased and msg.state == "nacked":
+            self._claimant.emit("nacked", msg.topic, msg.id, delivery_count=msg.delivery_count,
+                                duration=self._claimant.held_for(msg),
+                                error=reason or "nacked")
 
     def release(self, msg: Message) -> None:
         """Give the lease back so the message is delivered again at once."""
@@ -248,7 +260,11 @@ class Consumer:
         that takes it next knows its ``delivery_count``.
         """
         _check_text("error", error)
+        leased = msg.state == "leased" and not msg.settling
         self._source(msg).retry(msg, error)
+        if leased and msg.state not in ("leased", "lost"):
+            self._claimant.emit("retried", msg.topic, msg.id, delivery_count=msg.delivery_count,
+                                duration=self._claimant.held_for(msg), error=error)
 
     def refresh(self, msg: Message) -> None:
         """Extend our lease by a visibility timeout, proving it is still ours.

@@ -15,6 +15,7 @@ from .. import layout
 from ..clock import Clock
 from ..config import FENCE_MARGIN_FRACTION, FENCE_MARGIN_MIN_SECONDS, PawnQueueConfig
 from ..errors import ObjectNotFound, StorageError, TopicNotFoundError
+from ..events import Event, EventBus, EventCallback
 from ..protocol.lease import Capabilities, CsprngSettings
 from ..storage.base import Store
 
@@ -31,6 +32,8 @@ class Context:
     config: PawnQueueConfig
     caps: Capabilities
     clock: Clock
+    #: the queue's event callbacks (``PawnQueue(on_event=...)``): see :meth:`emit`
+    events: EventBus = attrs.field(factory=EventBus, repr=False)
     _known_topics: set[str] = attrs.field(factory=set, init=False)
     #: topic -> monotonic time it was found plain; packed ones are in _packed_topics
     _plain_seen: dict[str, float] = attrs.field(factory=dict, init=False)
@@ -103,6 +106,18 @@ class Context:
                 now = self._last_ts + timedelta(microseconds=1)
             self._last_ts = now
             return now
+
+    def emit(self, kind: str, topic: str, message_id: str | None = None, *,
+             delivery_count: int | None = None, duration: float | None = None,
+             consumer_id: str | None = None, producer_id: str | None = None,
+             error: str | None = None, also: EventCallback | None = None) -> None:
+        """Queue an :class:`~pawn_queue_sync.events.Event` for the queue's callbacks
+        (and ``also``, a consumer's own): nothing is built when no one listens, and
+        nothing waits (see :mod:`pawn_queue_sync.events`)."""
+        if also is None and not self.events.active:
+            return
+        self.events.publish(Event(kind, topic, message_id, self.clock.now(), delivery_count,
+                                  duration, consumer_id, producer_id, error), also)
 
     # -- topics -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
+from ..events import EventBus, EventCallback
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from ..storage.factory import build_store, check_session_client
@@ -40,12 +41,16 @@ class PawnQueue:
         clock: Clock = SYSTEM_CLOCK,
         session: Any = None,
         client: Any = None,
+        on_event: EventCallback | None = None,
     ) -> None:
         """``config``: whatever :meth:`from_config` takes (a YAML path, a dict, a
         :class:`PawnQueueConfig` or None); anything else is a ConfigError. ``session``
         (a ``boto3.Session``) or ``client`` (a boto3 S3 client): what the S3 store's
         requests use instead of the settings' credentials (see
-        :func:`~pawn_queue_sync.storage.factory.build_store`); not with ``store``."""
+        :func:`~pawn_queue_sync.storage.factory.build_store`); not with ``store``.
+        ``on_event``: called with every :class:`~pawn_queue_sync.events.Event` of this
+        queue (published, claimed, acked, ...), on a dispatcher thread, never blocking
+        the caller (see :attr:`events`)."""
         if store is not None and (session is not None or client is not None):
             raise ConfigError("store", "give a store, or a boto3 session or client, not both")
         check_session_client(session, client)
@@ -63,6 +68,7 @@ class PawnQueue:
         self._clock = clock
         self._ctx: Context | None = None
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
+        self._events = EventBus([on_event] if on_event is not None else [])
 
     @classmethod
     def from_config(
@@ -99,7 +105,9 @@ class PawnQueue:
             if self._given_store is None:
                 store.close()
             raise
-        self._ctx = Context(store=store, config=self._config, caps=caps, clock=self._clock)
+        self._events.open()
+        self._ctx = Context(store=store, config=self._config, caps=caps, clock=self._clock,
+                            events=self._events)
         log.info("pawn-queue-sync ready on %s (strategy=%s, if_match=%s)",
                  store.describe(), caps.strategy, caps.if_match)
         return self
@@ -117,6 +125,9 @@ class PawnQueue:
         ctx.close()
         if self._given_store is None:
             ctx.store.close()
+        if not self._events.close():
+            log.warning("teardown: %d event(s) not handed to on_event callbacks in time",
+                        self._events.dropped)
 
     close = teardown
 
@@ -133,6 +144,12 @@ class PawnQueue:
                 "PawnQueue is not set up, or was closed: call setup() or use `with`"
             )
         return self._ctx
+
+    @property
+    def events(self) -> EventBus:
+        """The queue's event callbacks: ``subscribe``/``unsubscribe`` more,
+        ``dropped`` (events dropped because the callbacks fell behind), ``flush()``."""
+        return self._events
 
     @property
     def strategy(self) -> str:
@@ -211,8 +228,13 @@ class PawnQueue:
         """A producer with a stable id for ``name`` (the same id every time)."""
         return Producer(self.context, registry.register(self.context, "producers", name))
 
-    def register_consumer(self, name: str, topics: Sequence[str]) -> Consumer:
-        """A consumer with a stable id for ``name``, subscribed to existing ``topics``."""
+    def register_consumer(self, name: str, topics: Sequence[str],
+                          on_event: EventCallback | None = None) -> Consumer:
+        """A consumer with a stable id for ``name``, subscribed to existing ``topics``;
+        ``on_event`` is called with this consumer's events (claimed, acked, ...,
+        poll_error) besides the queue's callbacks."""
+        if on_event is not None and not callable(on_event):
+            raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
         if isinstance(topics, str):
             topics = [topics]
         if not topics:  # checked before anything is written to the registry
@@ -220,7 +242,8 @@ class PawnQueue:
         for topic in topics:
             self.context.require_topic(topic)
         consumer = Consumer(
-            self.context, registry.register(self.context, "consumers", name), topics
+            self.context, registry.register(self.context, "consumers", name), topics,
+            on_event=on_event,
         )
         self._consumers.add(consumer)
         return consumer

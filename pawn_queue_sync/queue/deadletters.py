@@ -320,3 +320,4 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
         log.info("redrive: %s was written again while it was moved (the moved message "
                  "failed again): the new dead letter stays", key)
     result.moved.append(dl.id)
+    ctx.emit("redriven", topic, dl.id, delivery_count=dl.delivery_count, error=dl.reason)

@@ -325,6 +325,8 @@ class HeldSegment:
                             self.docs[i]["id"], exc)
                 return None
             log.warning("dead-lettered %s/%s: %s", self.topic, self.docs[i]["id"], reason)
+            self.claimant.emit("dead_lettered", self.topic, self.docs[i]["id"],
+                               delivery_count=count, error=reason)
             return i
 
         # one after another: this may run on a claim pool thread (a claim's), which

@@ -56,6 +56,11 @@ class Message:
     #: on its own), and its index there
     segment: HeldSegment | None = attrs.field(default=None, repr=False)
     index: int = attrs.field(default=-1, repr=False)
+    #: monotonic time this delivery was handed out (events' durations count from it)
+    delivered_at: float | None = attrs.field(default=None, repr=False)
+    #: the handler's run time, set by the listener's runtime once the handler returned
+    #: or raised (events report it as the duration of the settlement)
+    handler_seconds: float | None = attrs.field(default=None, repr=False)
     _consumer: Consumer | None = attrs.field(default=None, repr=False, alias="consumer")
     _lock: threading.RLock = attrs.field(factory=threading.RLock, repr=False, init=False)
     #: an ack of this message is under way: refreshes, nacks and releases stand aside

@@ -82,19 +82,42 @@ class Producer:
     def _publish_one(self, topic: str, payload: Any, message_id: str | None,
                      created_at: datetime | None, delay: float | None) -> str:
         """One message: delayed, into the topic's open segment, or as its own object."""
+        started = self._ctx.clock.monotonic()
         if delay is not None:
             key, body, mid = self._encode(topic, payload, message_id, created_at)
             delayed.write_delayed(self._ctx, topic, key, body, delay)
-            return mid
+            return self._published(topic, mid, started)
         if self._ctx.topic_packed(topic):
             mid = new_ids(1)[0] if message_id is None else self._message_id(message_id)
             when = self._created_at(created_at)
             batcher = self._batcher(topic)
             batcher.publish(batcher.writer.line(mid, layout.iso(when), payload), mid)
-            return mid
+            return self._published(topic, mid, started)
         key, body, mid = self._encode(topic, payload, message_id, created_at)
         self._write(topic, key, body)
+        return self._published(topic, mid, started)
+
+    def _published(self, topic: str, mid: str, started: float | None) -> str:
+        """``mid``, after a ``published`` event (its duration since ``started``)."""
+        ctx = self._ctx
+        if ctx.events.active:
+            took = None if started is None else ctx.clock.monotonic() - started
+            ctx.emit("published", topic, mid, duration=took, producer_id=self.id)
         return mid
+
+    def _reported(self, topic: str, ids: list[str],
+                  errors: list[BaseException | None]) -> list[str]:
+        """:func:`_report`, with a ``published`` event for each id written (no
+        duration: one call wrote them all)."""
+        try:
+            published = _report(topic, ids, errors)
+        except PublishError as exc:
+            for mid in getattr(exc, "published_ids", []):
+                self._published(topic, mid, None)
+            raise
+        for mid in published:
+            self._published(topic, mid, None)
+        return published
 
     def publish_batch(
         self,
@@ -127,7 +150,7 @@ class Producer:
         pool = self._ctx.pool("publish", self._workers(threads))
         futures = [pool.submit(self._write, topic, key, body) for key, body, _ in encoded]
         errors = [fut.exception() for fut in futures]
-        return _report(topic, [mid for _, _, mid in encoded], errors)
+        return self._reported(topic, [mid for _, _, mid in encoded], errors)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -155,7 +178,7 @@ class Producer:
         errors: list[BaseException | None] = []
         for (start, stop), error in zip(cuts, seg_errors, strict=True):
             errors.extend([error] * (stop - start))
-        return _report(topic, ids, errors)
+        return self._reported(topic, ids, errors)
 
     @staticmethod
     def _message_id(message_id: str | None) -> str:

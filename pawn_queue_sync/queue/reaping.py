@@ -58,6 +58,7 @@ def reap(claimant: Claimant, topic: str, mid: str, info: ObjectInfo) -> bool:
         record_abandoned(claimant, topic, mid, info)
         if run(leases.reap(info.key, info.etag, ctx.caps, ctx.csprng), ctx.store, ctx.clock):
             log.info("reaped stale lease on %s/%s", topic, mid)
+            claimant.emit("reaped", topic, mid)
             return True
         return False  # refreshed or replaced meanwhile
     except StorageError as exc:

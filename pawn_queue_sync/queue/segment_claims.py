@@ -192,6 +192,8 @@ def reap_gone(claimant: Claimant, info: ObjectInfo) -> None:
     try:
         if run(leases.reap(info.key, info.etag, ctx.caps, ctx.csprng), ctx.store, ctx.clock):
             log.info("removed stale lease %s (its segment is gone)", info.key)
+            topic = info.key.rpartition(f"/{layout.SEGMENT_LEASES}/")[0]
+            claimant.emit("reaped", topic, layout.segment_lease_id(topic, info.key))
     except StorageError as exc:
         log.warning("could not remove stale lease %s: %s", info.key, exc)
 
@@ -269,6 +271,7 @@ def _claim(
     ctx = claimant.ctx
     most = ctx.config.polling.max_delivery_count
     lease_key = layout.segment_lease_key(topic, candidate.sid)
+    abandoned = False
     if candidate.lease is None:
         progress, handed, exhausted = Progress(count=candidate.count).hand_out(
             range(min(size, candidate.count)), most)
@@ -285,6 +288,7 @@ def _claim(
         if got.etag != candidate.lease.etag:
             return None  # renewed, or taken by someone else, since the listing
         old = _decoded(got.body, claimant, candidate, lease_key)
+        abandoned = not old.released  # stale: its holder died or stalled
         progress = old.progress
         if progress.count != candidate.count:  # the key's count, checked on reading:
             progress = progress.with_count(candidate.count)  # never trust the lease's
@@ -296,6 +300,8 @@ def _claim(
                     ctx.store, ctx.clock)
     if token is None:
         return None
+    if abandoned:  # a stale lease taken over: as a reap of a message's
+        claimant.emit("reaped", topic, candidate.sid)
     seg = HeldSegment(claimant, topic, candidate.sid, candidate.key, lease_key, token, lease,
                       started)
     if progress.complete:  # its last holder died finishing it

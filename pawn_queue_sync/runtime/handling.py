@@ -11,6 +11,7 @@ ack, dead-letter, retry or release (a refresh under way is waited for).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -113,16 +114,19 @@ class HandlerPool:
         (ack queued or retry scheduled), which then finishes it."""
         s = self._s
         self._inflight.begin_run(msg)
+        started = s.clock.monotonic()
         try:
             self._handler(msg)
         except Exception as exc:
             late = self._inflight.end_run(msg)
+            _ran(msg, s.clock.monotonic() - started)
             return self._on_failure(msg, exc, late=late)
         except BaseException:
             self._inflight.end_run(msg)
             self.release(msg)
             raise
         self._inflight.end_run(msg)
+        _ran(msg, s.clock.monotonic() - started)
         state = msg.state
         if state == "leased":
             assert self.settler is not None
@@ -229,3 +233,10 @@ class HandlerPool:
         self._s.count(lost=1)
         log.warning("lease on %s/%s was lost %s; it will be redelivered", msg.topic, msg.id,
                     when)
+
+
+def _ran(msg: Any, seconds: float) -> None:
+    """Record the handler's run time on ``msg`` (its settlement's event reports it);
+    a message type without the field is left as it is."""
+    with contextlib.suppress(AttributeError):
+        msg.handler_seconds = seconds

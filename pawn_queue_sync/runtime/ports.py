@@ -31,6 +31,8 @@ class MessagePort(Protocol):
     def lease_token(self) -> str: ...
     @property
     def lease_written_at(self) -> float: ...
+    #: the handler's run time, set by the runtime (events report it)
+    handler_seconds: float | None
 
 
 class PollingPort(Protocol):
