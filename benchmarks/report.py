@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import packed_report
+from benchmarks.ops_costs import ops_markdown, ops_report
 from benchmarks.rows import fmt as _f
 from benchmarks.rows import target as _target
 
@@ -71,6 +72,7 @@ def build(bench: Any, info: dict[str, Any], *, quick: bool,
     }
     doc["targets"] = targets(doc)
     doc["packed"] = packed_report.build(list(getattr(bench, "packed", [])), previous)
+    doc["ops"] = ops_report(list(getattr(bench, "ops", [])), previous)
     return doc
 
 
@@ -238,7 +240,8 @@ def markdown(doc: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[t["met"]]
         lines.append(f"| {t['target']} | {_f(t['value'], 2)} | {t['limit']} | {met} | "
                      f"{t['detail']} |")
-    return "\n".join(lines) + "\n" + packed_report.markdown(doc.get("packed") or {})
+    return ("\n".join(lines) + "\n" + packed_report.markdown(doc.get("packed") or {})
+            + ops_markdown(doc.get("ops") or []))
 
 
 def machine_md(m: dict[str, Any]) -> str:

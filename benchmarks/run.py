@@ -8,6 +8,7 @@
     python -m benchmarks.run --nice -10 # on a machine shared with other work
     python -m benchmarks.run --only packed,redis,spark   # issue 14's packed topics,
                                         # redis-message-queue and Spark rows only
+    python -m benchmarks.run --only ops # issue 16: delayed and deduplicated messages
 
 Without ``--endpoint`` a SeaweedFS of its own is started on loopback and stopped at
 the end. Every measured client runs in a subprocess (ours in this venv, pawn-queue in
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backlogs", help="comma-separated backlog sizes for the scaling run "
                    "(default 1000 with --quick, else 1000,10000,100000)")
     p.add_argument("--only", help="comma-separated steps: publish_seq,publish_batch,"
-                   "consume_cw,consume_cs,e2e,idle,packed,redis,spark,scaling")
+                   "consume_cw,consume_cs,e2e,idle,packed,redis,spark,ops,scaling")
     p.add_argument("--spark", action="store_true", help="run the Spark step (issue 14: "
                    "publish_dataframe and process_topic, packed vs plain) also with "
                    "--quick or --only; a full run always does")

@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmarks.driverlib import payload
 from benchmarks.drivers import DriverFailed, Drivers
+from benchmarks.ops_costs import run_ops
 from benchmarks.packed import packed_steps
 from benchmarks.rows import sum_ops, summary_row, total_requests
 from benchmarks.server import SeaweedServer
@@ -38,6 +39,7 @@ class Bench:
         self.scaling: list[dict[str, Any]] = []
         self.idle: list[dict[str, Any]] = []
         self.packed: list[dict[str, Any]] = []  # issue 14's rows (benchmarks.packed)
+        self.ops: list[dict[str, Any]] = []  # issue 16's rows (benchmarks.ops_costs)
         self.bucket = {OURS: "pqs-bench-ours", PQ: "pqs-bench-pawnqueue"}
         self._seeders: dict[str, Any] = {}
         self.drivers = Drivers(server, pq_python, workdir, keep=args.keep)
@@ -269,6 +271,7 @@ class Bench:
             ("e2e", lambda: self.e2e(s["e2e"], s["e2e_rate"])),
             ("idle", self.idle_run),
             *packed_steps(self),  # issue 14: packed topics, redis-message-queue, Spark
+            ("ops", lambda: run_ops(self)),  # issue 16: delayed and deduplicated messages
             ("scaling", self.scaling_run),
         ]
         only = set(self.args.only.split(",")) if self.args.only else None
