@@ -47,6 +47,7 @@ from .queue.deadletters import DeadLetter, RedriveResult
 from .queue.message import Message
 from .queue.peek import PeekedMessage
 from .queue.producer import Producer
+from .queue.topic_stats import ConsumerStatus, TopicStats
 from .runtime import DrainResult, Listener, ListenOptions, drain
 
 __version__ = "0.1.0"
@@ -95,6 +96,8 @@ __all__ = [
     "DeadLetter",
     "RedriveResult",
     "PeekedMessage",
+    "TopicStats",
+    "ConsumerStatus",
     "__version__",
 ]
 

@@ -19,6 +19,7 @@ from ..storage.factory import build_store, check_session_client
 from . import deadletters, registry, stats, topics
 from . import peek as peeking
 from . import purge as purging
+from . import topic_stats as counting
 from .consumer import Consumer
 from .context import Context
 from .producer import Producer
@@ -184,6 +185,20 @@ class PawnQueue:
         packed topic adds ``packed``, ``segments``, ``segment_messages`` and
         ``segments_leased`` (see :func:`~pawn_queue_sync.queue.stats.topic_stats`)."""
         return stats.topic_stats(self.context, topic)
+
+    def stats(self, topic: str, *, max_keys: int | None = counting.MAX_KEYS
+              ) -> counting.TopicStats:
+        """What ``topic`` holds (pending, in flight, dead-lettered, delayed, the age of
+        the oldest pending message) and the registered consumers, alive or not, from
+        listings (no message is read): each stops at ``max_keys`` keys (``exact`` False
+        then). ``requests`` says what it cost. See
+        :func:`~pawn_queue_sync.queue.topic_stats.stats`."""
+        return counting.stats(self.context, topic, max_keys)
+
+    def stats_all(self, *, max_keys: int | None = counting.MAX_KEYS
+                  ) -> list[counting.TopicStats]:
+        """:meth:`stats` of every topic, by name (the registry read once)."""
+        return counting.stats_all(self.context, max_keys)
 
     def delete_topic(self, name: str, force: bool = False) -> int:
         """Delete a topic; the number of objects deleted. Refuses

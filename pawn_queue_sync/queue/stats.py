@@ -15,6 +15,7 @@ from .. import layout
 from ..errors import ObjectNotFound, SegmentError
 from ..protocol.segments import SegmentLease
 from .context import Context
+from .topic_stats import ConsumerStatus, TopicStats  # noqa: F401  (``pq.stats``: there)
 
 log = logging.getLogger(__name__)
 
