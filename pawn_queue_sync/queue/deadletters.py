@@ -32,6 +32,7 @@ from .redrive_moves import (
     message_key_for,
     pending_key,
     redriven_doc,
+    unsettled_in_segment,
 )
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,11 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
     (If-Match its ETag; elsewhere a HEAD checks it first), so one written again
     meanwhile (the message failed again) stays. A crash between the two leaves the dead
     letter: the next redrive moves it again, delivering it at most once more. Packed
-    topics too: their consumers read single messages beside segments.
+    topics too: their consumers read single messages beside segments; a letter of a
+    segment's message moves only once the segment's lease records that message settled
+    or the segment is gone (see :func:`.redrive_moves.unsettled_in_segment`: its
+    consumer records the settlement after writing the letter, and if it died in between,
+    the segment delivers the message again), else it is skipped, to redrive again later.
     """
     check_limit("max", max)
     check_rate(rate)
@@ -300,6 +305,9 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
         result.skipped[key] = f"not a message to put back: {dl.reason}"
         return
     assert dl.raw is not None and dl.id is not None
+    if (wait := unsettled_in_segment(ctx, topic, dl)) is not None:
+        result.skipped[key] = wait  # a packed topic's: its segment delivers it again
+        return
     target = message_key_for(topic, dl, ctx.clock.now())
     if dl.original_key is None:  # pawn-queue 0.1.x's: its message may still be pending
         target = pending_key(ctx, topic, dl) or target

@@ -5,7 +5,8 @@ Nothing leased is purged: a message (or a packed topic's segment) whose lease is
 listed just before the page of messages it is on is kept, so a handler at work never
 loses its message under it; deletes name the version listed (If-Match per key in
 DeleteObjects where the server honours it), so an object rewritten since the listing
-stays.
+stays. A segment given back (its lease ``released``) is purged, then its lease (the
+version read: one taken over since stays).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Literal
 
 from .. import layout
 from ..errors import InvalidArgument, ObjectNotFound, SegmentError, StorageError, TopicNotEmptyError
+from ..protocol import lease as leases
+from ..protocol.effects import run
 from ..protocol.lease import is_stale
 from ..protocol.segments import Progress, SegmentLease
 from ..storage.base import DELETE_BATCH
@@ -58,7 +61,7 @@ def purge(ctx: Context, topic: str, section: str = "dead-letter",
             progress, id_of=lambda key: layout.parse_message_key(topic, key),
         )
         if ctx.topic_packed(topic):
-            given_back: dict[str, Progress] = {}
+            given_back: dict[str, tuple[Progress, str]] = {}
 
             def segment(key: str) -> int:
                 """Its messages not settled (all of them unless its lease was given
@@ -67,19 +70,27 @@ def purge(ctx: Context, topic: str, section: str = "dead-letter",
                 if parsed is None:
                     return 0
                 sid, count = parsed
-                settled = given_back.get(sid)
-                if settled is None:
+                back = given_back.get(sid)
+                if back is None:
                     return count
-                return sum(1 for i in range(count) if not settled.is_settled(i))
+                return sum(1 for i in range(count) if not back[0].is_settled(i))
 
             def segment_id(key: str) -> str | None:
                 parsed = layout.parse_segment_key(topic, key)
                 return parsed[0] if parsed is not None else None
 
+            def leases_of(deleted: list[str]) -> None:
+                """The given-back leases of the segments just deleted: nothing to hold."""
+                for key in deleted:
+                    sid = segment_id(key)
+                    if sid is not None and sid in given_back:
+                        _remove_lease(ctx, layout.segment_lease_key(topic, sid),
+                                      given_back[sid][1])
+
             done = _purge_pages(
                 ctx, layout.segments_prefix(topic), segment,
                 lambda: _held_segments(ctx, topic, given_back),
-                progress, done, id_of=segment_id,
+                progress, done, id_of=segment_id, deleted=leases_of,
             )
     log.info("purged %d from %s of %r", done, section, topic)
     return done
@@ -93,11 +104,12 @@ def _leased(ctx: Context, topic: str, prefix: str,
             if (n := name_of(topic, o.key)) is not None}
 
 
-def _held_segments(ctx: Context, topic: str, given_back: dict[str, Progress]) -> set[str]:
+def _held_segments(ctx: Context, topic: str,
+                   given_back: dict[str, tuple[Progress, str]]) -> set[str]:
     """The ids of ``topic``'s segments held by a consumer: a segment lease, stale or
     not, that is not given back (``released``; unreadable counts as held). The given
-    back ones go into ``given_back`` with what their consumers settled. A LIST and a
-    GET per segment lease."""
+    back ones go into ``given_back`` with what their consumers settled and the lease
+    version read (its ETag). A LIST and a GET per segment lease."""
     given_back.clear()
     held: set[str] = set()
     for info in ctx.store.list(layout.segment_leases_prefix(topic)).objects:
@@ -105,26 +117,43 @@ def _held_segments(ctx: Context, topic: str, given_back: dict[str, Progress]) ->
         if sid is None:
             continue
         try:
-            lease = SegmentLease.decode(ctx.store.get(info.key).body)
+            got = ctx.store.get(info.key)
+            lease = SegmentLease.decode(got.body)
         except ObjectNotFound:
             continue  # given back and removed since the listing
         except SegmentError:
             held.add(sid)  # cannot tell: kept
             continue
         if lease.released:
-            given_back[sid] = lease.progress
+            given_back[sid] = (lease.progress, got.etag)
         else:
             held.add(sid)
     return held
 
 
+def _remove_lease(ctx: Context, key: str, etag: str) -> None:
+    """Delete the given-back lease ``key`` of a segment purged, if it is still version
+    ``etag`` (If-Match; a HEAD first where the server lacks it): a consumer that took
+    the segment over since keeps its lease (its holder's to remove: a claim that finds
+    the segment gone drops it). Left, a given-back lease would count as live until
+    stale (delete_topic refuses the topic meanwhile), then be reaped by a poll."""
+    try:
+        run(leases.reap(key, etag, ctx.caps, ctx.csprng), ctx.store, ctx.clock)
+    except ObjectNotFound:
+        pass
+    except StorageError as exc:
+        log.warning("purge: could not remove the lease %s of a segment purged: %s", key, exc)
+
+
 def _purge_pages(ctx: Context, prefix: str, weight: Callable[[str], int],
                  leased: Callable[[], set[str]] | None,
                  progress: Callable[[int], None] | None, done: int = 0,
-                 id_of: Callable[[str], str | None] = lambda _k: None) -> int:
+                 id_of: Callable[[str], str | None] = lambda _k: None,
+                 deleted: Callable[[list[str]], None] | None = None) -> int:
     """Delete the objects under ``prefix`` page by page, except those whose id
     (``id_of``) is in ``leased()`` (listed after each page); ``weight`` counts an
-    object's messages (0: a foreign key, left for the consumers' quarantine)."""
+    object's messages (0: a foreign key, left for the consumers' quarantine);
+    ``deleted`` is called with each page's keys deleted."""
     cursor: str | None = None
     while True:
         listing = ctx.store.list(prefix, limit=1000, start_after=cursor)
@@ -139,7 +168,10 @@ def _purge_pages(ctx: Context, prefix: str, weight: Callable[[str], int],
                      if ctx.caps.if_match else None)
             failed = set(ctx.store.delete_many(list(batch),
                                                **({"etags": etags} if etags else {})))
-            done += sum(weight(k) for k in batch if k not in failed)
+            gone = [k for k in batch if k not in failed]
+            done += sum(weight(k) for k in gone)
+            if deleted is not None:
+                deleted(gone)
         if progress is not None:
             progress(done)
         if not listing.truncated:

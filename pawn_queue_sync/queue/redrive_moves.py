@@ -1,6 +1,7 @@
 """The writes of one redrive move (see :func:`~pawn_queue_sync.queue.deadletters.redrive`):
-where the message goes, what is written, the conditional create, the lease HEAD, and
-the delete of the dead letter's version read."""
+whether a packed topic's letter may move yet, where the message goes, what is written,
+the conditional create, the lease HEAD, and the delete of the dead letter's version
+read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from .. import layout
-from ..errors import ConditionFailed, ObjectNotFound
+from ..errors import ConditionFailed, ObjectNotFound, SegmentError
+from ..protocol.segments import SegmentLease
 from .context import Context
 from .topics import _put_once as put_once  # the same create as a topic marker's
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pawn_queue_sync.queue.deadletters")
 
 __all__ = ["create", "delete_version", "lease_etag", "message_key_for", "pending_key",
-           "redriven_doc"]
+           "redriven_doc", "unsettled_in_segment"]
 
 #: How far from its ``created_at`` a pawn-queue 0.1.x message's key is looked for.
 NEAR = timedelta(seconds=2)
@@ -31,6 +33,47 @@ NEAR_PAGES = 5
 REASON_KEPT = 500
 #: A message's delivery records, dropped by a redrive (it starts again at 0 attempts).
 _DELIVERY_FIELDS = ("attempts", "last_error", "abandoned_lease", "dead_letter", "redriven")
+#: Why a packed topic's letter is left for now (see :func:`unsettled_in_segment`).
+IN_SEGMENT = ("its message is not recorded settled in its segment (a nack in progress, or "
+              "its consumer died before recording it: the segment delivers it again): "
+              "redrive again later")
+
+
+def unsettled_in_segment(ctx: Context, topic: str, dl: DeadLetter) -> str | None:
+    """Why ``dl``, a packed topic's dead letter, must not move yet; None when it may
+    (at once for a letter that names no segment of ``topic``).
+
+    A packed topic's consumer writes a message's dead letter (a nack, or
+    ``max_delivery_count`` reached), THEN records the message settled in its segment's
+    lease; one that dies in between leaves it unsettled there, and the segment's next
+    holder delivers it again: a redriven copy would be delivered beside it, both held
+    at once. A packed message has no lease of its own for :func:`lease_etag` to see,
+    so the letter moves only once its segment's lease records its message
+    (``segment_index``) settled, or the segment is gone (finished or purged): both
+    last. One GET of the segment's lease; a HEAD of the segment when that is gone (a
+    segment without a lease is claimed afresh, every message delivered again)."""
+    segment = dl.original_key or ""
+    parsed = layout.parse_segment_key(topic, segment)
+    if parsed is None:
+        return None
+    sid, count = parsed
+    record = dl.raw.get("dead_letter") if dl.raw is not None else None
+    index = record.get("segment_index") if isinstance(record, dict) else None
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        index = None  # which message it was is unknown: it moves once the segment is gone
+    try:
+        body = ctx.store.get(layout.segment_lease_key(topic, sid)).body
+    except ObjectNotFound:
+        try:
+            ctx.store.head(segment)
+        except ObjectNotFound:
+            return None
+        return IN_SEGMENT
+    try:
+        progress = SegmentLease.decode(body).progress
+    except SegmentError:
+        return IN_SEGMENT  # cannot tell: its next holder takes it over afresh anyway
+    return None if index is not None and progress.is_settled(index) else IN_SEGMENT
 
 
 def pending_key(ctx: Context, topic: str, dl: DeadLetter) -> str | None:
