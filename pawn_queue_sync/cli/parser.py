@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import deadletters, demo, messages, topics
+from . import dashboard, deadletters, demo, messages, topics
 
 _EPILOG = """exit status: 0 ok; 1 failed (one line on stderr; --verbose adds the traceback);
 2 usage error (and dead-letter purge without --yes off a terminal); 141 stdout closed by
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_topics_parser(sub, common)
     messages.add_parsers(sub, common)
     deadletters.add_parsers(sub, common)
+    dashboard.add_parsers(sub, common)
     topics.add_info_parser(sub, common)
     # Imported here, not with the package: ``python -m pawn_queue_sync.cli.worker`` then
     # runs that module once, as __main__, instead of after a copy of it was imported.

@@ -1,0 +1,226 @@
+"""``pawnq dashboard``'s web server: the standard library's ``ThreadingHTTPServer``.
+
+Routes: ``GET /`` (the page, ``dashboard.js``, ``dashboard.css``: package data, no
+CDN), ``GET /api/state`` (the poller's last reading, from memory), ``GET
+/api/dead-letters?topic=T`` (the first dead letters of a topic, fetched at most once
+per poll interval), and, with ``--allow-actions`` and the token only, ``POST
+/api/redrive`` and ``POST /api/purge`` (JSON: ``{"topic": T, "keys": [...]}`` or
+``{"topic": T, "all": true}``; purge takes ``"letters": {key: etag}``). Every check is
+in :mod:`.security`. Why the standard library: a page, four JSON routes and a few
+requests a second need nothing more, and the wheel gains no dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import InvalidArgument, PawnQueueError
+from ..queue import deadletter_picks
+from ..queue.core import PawnQueue
+from .poller import IDLE_AFTER, Poller
+from .security import Guard, is_loopback, new_token
+from .source import LETTERS_SHOWN, read_dead_letters, read_stats
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Dashboard"]
+
+_STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+           "/index.html": ("index.html", "text/html; charset=utf-8"),
+           "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+           "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8")}
+_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+#: The largest POST body read (a selection of 1,000 keys with their ETags fits).
+MAX_BODY = 1 << 20
+
+
+class Dashboard:
+    """The server and its poller over a started ``pq``. ``token``: the user's; with
+    ``actions`` and none, one is made (:attr:`token`). Binding beyond loopback without
+    a token is refused (InvalidArgument): there, reads need it too."""
+
+    def __init__(self, pq: PawnQueue, *, host: str = "127.0.0.1", port: int = 8710,
+                 interval: float = 5.0, actions: bool = False, token: str | None = None,
+                 allowed_hosts: Iterable[str] = (), clock: Clock = SYSTEM_CLOCK,
+                 idle_after: float = IDLE_AFTER) -> None:
+        if not is_loopback(host) and token is None:
+            raise InvalidArgument(
+                f"binding to {host} (beyond loopback) needs a token you set "
+                "(PAWNQ_DASHBOARD_TOKEN or --token-file): every request must carry it")
+        if actions and token is None:
+            token = new_token()
+        self.pq = pq
+        self.token = token
+        self.poller = Poller(lambda: read_stats(pq), interval,
+                             letters=lambda topic: read_dead_letters(pq, topic),
+                             clock=clock, idle_after=idle_after)
+        server_class = _V6Server if ":" in host.strip("[]") else ThreadingHTTPServer
+        self.httpd = server_class((host.strip("[]"), port), _handler(self))
+        bound_port = self.httpd.server_address[1]
+        self.guard = Guard.build(host, bound_port, token, actions, allowed_hosts)
+        self.store = pq.store.describe()
+        self.actions_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/"
+
+    def start(self) -> Dashboard:
+        self.poller.start()
+        self._thread = threading.Thread(target=self.httpd.serve_forever,
+                                        name="pawnq-dashboard-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.poller.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def __enter__(self) -> Dashboard:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the routes do ---------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {**self.poller.snapshot(), "store": self.store, "actions": self.guard.actions,
+                "reads_need_token": self.guard.reads_need_token,
+                "letters_shown": LETTERS_SHOWN}
+
+    def act(self, action: str, body: Any) -> dict[str, Any]:
+        """Run one redrive or purge (one at a time), then poll again at once."""
+        if not isinstance(body, dict) or not isinstance(body.get("topic"), str):
+            raise InvalidArgument('the body must be a JSON object with a "topic"')
+        topic = body["topic"]
+        every = body.get("all") is True
+        with self.actions_lock:
+            ctx = self.pq.context
+            if action == "redrive":
+                if every:
+                    result = self.pq.redrive(topic).to_dict()
+                else:
+                    result = deadletter_picks.redrive_keys(ctx, topic, body.get("keys")).to_dict()
+            elif every:
+                result = {"deleted": self.pq.purge(topic, "dead-letter"), "kept": []}
+            else:
+                letters = body.get("letters")
+                if not isinstance(letters, dict) or not all(
+                        isinstance(v, str) for v in letters.values()):
+                    raise InvalidArgument('"letters" must map dead-letter keys to ETags')
+                deleted, kept = deadletter_picks.purge_keys(ctx, topic, letters)
+                result = {"deleted": deleted, "kept": kept}
+            log.warning("dashboard %s of %r: %s", action, topic,
+                        {k: len(v) if isinstance(v, (list, dict)) else v
+                         for k, v in result.items()})
+        self.poller.refresh()
+        return result
+
+
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "pawnq-dashboard"
+        sys_version = ""
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.address_string(), *args)
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("X-Frame-Options", "DENY")
+            self.send_header("Referrer-Policy", "no-referrer")
+            self.send_header("Content-Security-Policy", _CSP)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json(self, status: int, doc: Any) -> None:
+            self._send(status, json.dumps(doc).encode(), "application/json")
+
+        def _refuse(self, refusal: tuple[int, str]) -> None:
+            self._json(refusal[0], {"error": refusal[1]})
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            if (refused := dash.guard.read_refusal(self.headers)) is not None:
+                return self._refuse(refused)
+            if url.path in _STATIC:
+                name, kind = _STATIC[url.path]
+                data = resources.files(__package__).joinpath("static", name).read_bytes()
+                return self._send(200, data, kind)
+            if not url.path.startswith("/api/"):
+                return self._json(404, {"error": "not found"})
+            if (refused := dash.guard.api_read_refusal(self.headers)) is not None:
+                return self._refuse(refused)
+            if url.path == "/api/state":
+                return self._json(200, dash.state())
+            if url.path == "/api/dead-letters":
+                topic = (parse_qs(url.query).get("topic") or [""])[0]
+                if not dash.poller.known_topic(topic):
+                    return self._json(404, {"error": "no such topic in the last poll"})
+                return self._guarded(lambda: {"topic": topic, "limit": LETTERS_SHOWN,
+                                              "letters": dash.poller.dead_letters(topic)})
+            return self._json(404, {"error": "not found"})
+
+        do_HEAD = do_GET
+
+        def do_POST(self) -> None:
+            url = urlsplit(self.path)
+            if url.path not in ("/api/redrive", "/api/purge"):
+                return self._json(404, {"error": "not found"})
+            if (refused := dash.guard.action_refusal(self.headers)) is not None:
+                return self._refuse(refused)
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= MAX_BODY:
+                return self._json(413, {"error": f"a body of 1 to {MAX_BODY} bytes"})
+            try:
+                body = json.loads(self.rfile.read(length))
+            except ValueError:
+                return self._json(400, {"error": "the body is not JSON"})
+            action = url.path.rsplit("/", 1)[1]
+            return self._guarded(lambda: dash.act(action, body))
+
+        def do_OPTIONS(self) -> None:  # no CORS preflight is ever granted
+            self._json(405, {"error": "no cross-origin requests"})
+
+        def _guarded(self, work: Any) -> None:
+            """Run ``work`` and answer its JSON; a library error is one line (its
+            text masks credentials), anything else only its type."""
+            try:
+                return self._json(200, work())
+            except InvalidArgument as exc:
+                return self._json(400, {"error": str(exc)})
+            except PawnQueueError as exc:
+                return self._json(409 if "NotFound" in type(exc).__name__ else 502,
+                                  {"error": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:
+                log.exception("dashboard request failed")
+                return self._json(500, {"error": f"internal error ({type(exc).__name__})"})
+
+    return Handler
