@@ -301,6 +301,39 @@ def test_pawnq_dashboard_after_the_demo_shows_its_topic(tmp_path: Path) -> None:
     assert "stopped" in out
 
 
+def test_pawnq_dashboard_acts_only_with_the_users_token(tmp_path: Path) -> None:
+    """--allow-actions with --token-file: that token works and is never printed; a POST
+    without it is refused; a malformed one is a usage error, not a crash."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAWNQ")}
+    env["PYTHONPATH"] = str(ROOT)
+    token = "users-own-token-0123456789abcdef"
+    (tmp_path / "token").write_text(token + "\n")
+    subprocess.run([*PAWNQ, "topics", "--create", "orders"], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=120)
+    proc, first = _start(["--port", "0", "--allow-actions", "--token-file", "token"],
+                         tmp_path, env)
+    try:
+        assert "actions allowed" in first
+        url = first.split(": ", 1)[1].split(" ", 1)[0]
+        origin = {"Origin": url.rstrip("/"), "Content-Type": "application/json"}
+        assert request(url + "api/state")[0] == 200
+        body = {"topic": "orders", "all": True}
+        assert request(url + "api/redrive", "POST", body, origin)[0] == 403
+        assert request(url + "api/redrive", "POST", b"{", {**origin, "X-Pawnq-Token": token,
+                                                           "Content-Length": "x"})[0] == 400
+        status, doc = request(url + "api/redrive", "POST", body,
+                              {**origin, "X-Pawnq-Token": token})
+        assert status == 200 and doc == {"moved": [], "skipped": {}, "failed": {}}
+        status, doc = request(url + "api/purge", "POST", {"topic": "nope", "all": True},
+                              {**origin, "X-Pawnq-Token": token})
+        assert status == 404 and "TopicNotFoundError" in doc["error"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert token not in first + out + err
+
+
 @pytest.mark.parametrize("args,env,said", [
     (["--interval", "1"], {}, "at least 2"),
     (["--host", "0.0.0.0"], {}, "beyond loopback"),

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import InvalidArgument, PawnQueueError
+from ..errors import InvalidArgument, PawnQueueError, TopicNotFoundError
 from ..queue import deadletter_picks
 from ..queue.core import PawnQueue
 from .poller import IDLE_AFTER, Poller
@@ -196,7 +196,10 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 return self._json(404, {"error": "not found"})
             if (refused := dash.guard.action_refusal(self.headers)) is not None:
                 return self._refuse(refused)
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                return self._json(400, {"error": "a bad Content-Length"})
             if not 0 < length <= MAX_BODY:
                 return self._json(413, {"error": f"a body of 1 to {MAX_BODY} bytes"})
             try:
@@ -217,7 +220,7 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             except InvalidArgument as exc:
                 return self._json(400, {"error": str(exc)})
             except PawnQueueError as exc:
-                return self._json(409 if "NotFound" in type(exc).__name__ else 502,
+                return self._json(404 if isinstance(exc, TopicNotFoundError) else 502,
                                   {"error": f"{type(exc).__name__}: {exc}"})
             except Exception as exc:
                 log.exception("dashboard request failed")
