@@ -220,6 +220,7 @@ NON_DEFAULTS: dict[str, Any] = {
     "publishing.max_segment_messages": 18,
     "publishing.max_segment_bytes": 2_000_000,
     "publishing.linger_ms": 19,
+    "publishing.dedup_window_seconds": 20.0,
 }
 #: pawn-queue's builder spells two settings otherwise: ``s3(access_key=, secret_key=)``.
 BUILDER_NAMES = {"s3.aws_access_key_id": "access_key", "s3.aws_secret_access_key": "secret_key"}
@@ -316,6 +317,7 @@ OUR_ENV_NAMES = {
     "publishing.max_segment_messages": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_MESSAGES",
     "publishing.max_segment_bytes": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_BYTES",
     "publishing.linger_ms": "PAWNQUEUE_PUBLISHING_LINGER_MS",
+    "publishing.dedup_window_seconds": "PAWNQUEUE_PUBLISHING_DEDUP_WINDOW_SECONDS",
 }
 
 

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import PawnQueueError, PublishError
+from ..errors import PawnQueueError, PayloadError, PublishError
+from ..queue.dedup import check_dedup_id
 from ..queue.message import Message
 from .exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .shared import CliError, OutputError, count, emit, open_queue
@@ -40,9 +41,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
         except (json.JSONDecodeError, RecursionError) as exc:
             print(f"pawnq: payload #{i} is not JSON: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if args.dedup_id is not None:
+        problem = _dedup_problem(args.dedup_id, len(payloads))
+        if problem:
+            print(f"pawnq: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     with open_queue(args) as pq:
         if args.create:
             pq.create_topic(args.topic)
+        if args.dedup_id is not None:
+            emit(pq.register_producer(args.producer).publish(
+                args.topic, payloads[0], dedup_id=args.dedup_id,
+                delay_seconds=getattr(args, "delay", None)))
+            return EXIT_OK
         try:
             ids = pq.register_producer(args.producer).publish_batch(args.topic, payloads)
         except PublishError as exc:
@@ -59,6 +70,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     emit(*ids)
     return EXIT_OK
+
+
+def _dedup_problem(dedup_id: str, payloads: int) -> str | None:
+    """Why ``--dedup-id`` cannot be used as given (a usage error), or None."""
+    if payloads != 1:
+        return f"--dedup-id names one message: give exactly one payload, not {payloads}"
+    try:
+        check_dedup_id(dedup_id)
+    except PayloadError as exc:
+        return f"--dedup-id: {exc}"
+    return None
 
 
 def _numbers(indices: Sequence[int], limit: int = 20) -> str:
@@ -136,6 +158,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     pub.add_argument("payload", nargs="*")
     pub.add_argument("--producer", default="pawnq-cli")
     pub.add_argument("--create", action="store_true", help="create the topic if missing")
+    pub.add_argument("--dedup-id", metavar="K",
+                     help="publish one payload at most once per K within "
+                     "publishing.dedup_window_seconds (a repeat prints the first id)")
     pub.set_defaults(func=cmd_publish)
 
     con = sub.add_parser("consume", parents=[common],

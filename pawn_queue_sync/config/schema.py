@@ -324,6 +324,13 @@ class PublishingConfig:
         le=10000,
         env="PAWNQUEUE_PUBLISHING_LINGER_MS",
     )
+    dedup_window_seconds: float = v.float_field(
+        300.0,
+        "How long, in seconds, a publish(dedup_id=...) makes later publishes of the same "
+        "dedup id on the topic return the first message's id instead of writing (> 0; "
+        "300 as SQS FIFO; 7 days and more allowed).",
+        env="PAWNQUEUE_PUBLISHING_DEDUP_WINDOW_SECONDS",
+    )
 
     def __attrs_post_init__(self) -> None:
         least = self.max_payload_bytes + SEGMENT_HEADER_ROOM

@@ -21,7 +21,7 @@ from ..events import EventCallback
 from ..runtime.listen import Listener
 from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
-from . import registry
+from . import dedup, registry
 from .claimant import Claimant
 from .context import Context
 from .message import Message
@@ -70,6 +70,8 @@ class Consumer:
         #: the listeners running :meth:`listen` now: :meth:`stop` and :meth:`close`
         #: stop them
         self._listeners: set[Listener] = set()
+        #: expiry of the topics' dedup markers, now and then during polls
+        self._markers = dedup.MarkerJanitor(ctx)
 
     @property
     def _lock(self) -> threading.Lock:
@@ -124,6 +126,7 @@ class Consumer:
             if len(got) >= want:
                 break
             topic = self._topics[(start + i) % len(self._topics)]
+            self._markers.run_due(topic)
             try:
                 got.extend(self._polled(topic).poll(topic, want - len(got)))
             except StorageError as exc:  # claims made elsewhere are kept, never dropped
@@ -366,8 +369,13 @@ class Consumer:
             return list(self._listeners)
 
     def janitor(self, topic: str | None = None) -> int:
-        """Remove stale leases now; returns how many leases are live afterwards."""
-        return sum(self._polled(t).janitor(t) for t in ([topic] if topic else self._topics))
+        """Remove stale leases and expired dedup markers (up to
+        :data:`~pawn_queue_sync.queue.dedup.EXPIRE_PER_RUN` per topic) now; returns how
+        many leases are live afterwards."""
+        topics = [topic] if topic else self._topics
+        for t in topics:
+            self._markers.run(t)
+        return sum(self._polled(t).janitor(t) for t in topics)
 
 
 def _check_text(name: str, value: object) -> None:

@@ -73,11 +73,22 @@ class Producer:
         delay = delayed.check_delay(delay_seconds)
         if dedup_id is None:
             return self._publish_one(topic, payload, message_id, created_at, delay)
+        dedup_id = dedup.check_dedup_id(dedup_id)
+        mid, when = self._message_id(message_id), self._created_at(created_at)
+        self._check_payload(topic, payload, mid, when, delay)  # before the marker
         return dedup.publish_once(
-            self._ctx, topic, dedup.check_dedup_id(dedup_id),
-            self._message_id(message_id), self._created_at(created_at),
+            self._ctx, topic, dedup_id, mid, when,
             lambda mid, when: self._publish_one(topic, payload, mid, when, delay),
         )
+
+    def _check_payload(self, topic: str, payload: Any, message_id: str,
+                       created_at: datetime, delay: float | None) -> None:
+        """PayloadError for a payload :meth:`_publish_one` would refuse, so a
+        deduplicated publish of it writes no marker either."""
+        if delay is None and self._ctx.topic_packed(topic):
+            self._batcher(topic).writer.line(message_id, layout.iso(created_at), payload)
+        else:
+            self._encode(topic, payload, message_id, created_at)
 
     def _publish_one(self, topic: str, payload: Any, message_id: str | None,
                      created_at: datetime | None, delay: float | None) -> str:
