@@ -21,7 +21,7 @@ import pawn_queue_sync
 from pawn_queue_sync import PawnQueue
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.dashboard import Dashboard, Poller
-from pawn_queue_sync.dashboard.source import Reading, _adapted
+from pawn_queue_sync.dashboard.source import Reading, read_stats
 from pawn_queue_sync.errors import InvalidArgument
 from pawn_queue_sync.queue.deadletter_picks import purge_keys, redrive_keys
 from tests.dashboard_helpers import post_action, request, running, seed
@@ -363,16 +363,18 @@ def test_the_page_ships_in_the_wheel() -> None:
         assert any(fnmatch.fnmatch(f"static/{name}", p) for p in patterns), name
 
 
-def test_the_stats_adapter_counts_what_the_bucket_holds(real_s3_config: dict[str, Any]) -> None:
-    """Until ``pq.stats_all`` lands, the page's counts come from this adapter."""
+def test_a_poll_shows_what_stats_all_counts(real_s3_config: dict[str, Any]) -> None:
+    """The page's rows are ``pq.stats_all()``'s, the consumers listed once."""
     with PawnQueue.from_config(real_s3_config) as pq:
         expected = seed(pq)
-        reading = _adapted(pq, 10_000)
+        reading = read_stats(pq)
+        stats = {s.topic: s for s in pq.stats_all()}
     rows = {r["topic"]: r for r in reading.topics}
+    fields = ("pending", "in_flight", "dead_lettered", "delayed", "packed", "exact")
     for topic in ("orders", "events"):
         assert {k: rows[topic][k] for k in expected[topic]} == expected[topic]
-        assert rows[topic]["exact"] is True
-        assert rows[topic]["oldest_pending_age_seconds"] is not None or rows[topic]["packed"]
-    assert rows["events"]["packed"] is True and rows["orders"]["packed"] is False
+        assert {k: rows[topic][k] for k in fields} == {
+            k: getattr(stats[topic], k) for k in fields}
+        assert rows[topic]["requests"] >= 1 and "consumers" not in rows[topic]
     assert sorted((c["name"], c["alive"]) for c in reading.consumers) == [
         ("audit", True), ("billing", True)]
