@@ -10,6 +10,7 @@
     {topic}/segments/{YYYYMMDDTHHMMSS_ffffff}-{segment_uuid}-n{count}.seg   a segment
     {topic}/segment-leases/{segment_uuid}.lease  lease on a segment (progress inside)
     {topic}/delayed/{YYYYMMDDTHHMMSS_ffffff}-{uuid}-d{delay_ms}.json   a delayed message
+    {topic}/delayed.lock                         promotion lock: one promoter at a time
     {topic}/dedup/{sha256 of the dedup id}.json  deduplication marker
     _registry/{producers|consumers}/{uuid}.json  registrations
     _probe/{uuid}.probe                          capability probe (always removed)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from .encoding import canonical_json, iso, md5_hex  # noqa: F401  (part of the layout API)
 from .errors import InvalidTopicName
@@ -42,6 +44,7 @@ _TS_ID = (
 )
 _MESSAGE_NAME_RE = re.compile(_TS_ID + r"\.json")
 _SEGMENT_NAME_RE = re.compile(_TS_ID + r"-n(?P<count>[1-9]\d{0,8})\.seg")
+_DELAYED_NAME_RE = re.compile(_TS_ID + r"-d(?P<delay>[1-9]\d{0,12})\.json")
 
 
 def validate_topic(topic: object) -> str:
@@ -83,6 +86,11 @@ def sortable_timestamp(when: datetime) -> str:
     return when.strftime("%Y%m%dT%H%M%S_") + f"{when.microsecond:06d}"
 
 
+def parse_sortable_timestamp(ts: str) -> datetime:
+    """``YYYYMMDDTHHMMSS_ffffff`` -> a UTC datetime (ValueError if it is not one)."""
+    return datetime.strptime(ts, "%Y%m%dT%H%M%S_%f").replace(tzinfo=timezone.utc)
+
+
 def message_key(topic: str, ts: str, message_id: str) -> str:
     return f"{topic}/{MESSAGES}/{ts}-{message_id}.json"
 
@@ -110,6 +118,15 @@ def parse_message_key(topic: str, key: str) -> str | None:
         return None
     match = _MESSAGE_NAME_RE.fullmatch(key[len(prefix) :])
     return match.group("id") if match else None
+
+
+def message_key_parts(topic: str, key: str) -> tuple[str, str] | None:
+    """(timestamp, message id) of a well-formed message key, or None."""
+    prefix = messages_prefix(topic)
+    if not key.startswith(prefix):
+        return None
+    match = _MESSAGE_NAME_RE.fullmatch(key[len(prefix) :])
+    return (match.group("ts"), match.group("id")) if match else None
 
 
 def lease_message_id(topic: str, key: str) -> str | None:
@@ -178,3 +195,35 @@ def delayed_prefix(topic: str) -> str:
 
 def dedup_prefix(topic: str) -> str:
     return f"{topic}/{DEDUP}/"
+
+
+class DelayedName(NamedTuple):
+    """What a delayed message's key says: when it is due by its publisher's clock (the
+    key's order only), its message id, and its delay in milliseconds (counted from the
+    object's LastModified, by the server's clock: queue/delayed.py)."""
+
+    due_ts: str
+    message_id: str
+    delay_ms: int
+
+
+def delayed_lock_key(topic: str) -> str:
+    """The lock a promoter holds while it moves a topic's due delayed messages (beside
+    ``delayed/``, so listings of delayed messages never count it)."""
+    return f"{topic}/{DELAYED}.lock"
+
+
+def delayed_key(topic: str, due_ts: str, message_id: str, delay_ms: int) -> str:
+    return f"{topic}/{DELAYED}/{due_ts}-{message_id}-d{delay_ms}.json"
+
+
+def parse_delayed_key(topic: str, key: str) -> DelayedName | None:
+    """The :class:`DelayedName` of a well-formed delayed key, or None for a foreign
+    object."""
+    prefix = delayed_prefix(topic)
+    if not key.startswith(prefix):
+        return None
+    match = _DELAYED_NAME_RE.fullmatch(key[len(prefix) :])
+    if match is None:
+        return None
+    return DelayedName(match.group("ts"), match.group("id"), int(match.group("delay")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from ..errors import PawnQueueError, PayloadError, PublishError
 from ..queue.dedup import check_dedup_id
 from ..queue.message import Message
+from ..queue.producer import Producer
 from .exits import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .shared import CliError, OutputError, count, emit, open_queue
 
@@ -55,7 +57,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 delay_seconds=getattr(args, "delay", None)))
             return EXIT_OK
         try:
-            ids = pq.register_producer(args.producer).publish_batch(args.topic, payloads)
+            producer = pq.register_producer(args.producer)
+            if args.delay:
+                ids = _publish_delayed(producer, args.topic, payloads, args.delay)
+            else:
+                ids = producer.publish_batch(args.topic, payloads)
         except PublishError as exc:
             published: list[str] = getattr(exc, "published_ids", [])
             failed: list[int] = getattr(exc, "failed_indices", [])
@@ -70,6 +76,35 @@ def cmd_publish(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     emit(*ids)
     return EXIT_OK
+
+
+def _publish_delayed(producer: Producer, topic: str, payloads: Sequence[Any],
+                     delay: float) -> list[str]:
+    """``--delay``: each payload published delayed, one at a time (one PUT each), in
+    order; a failure stops there: raised as it is when nothing was published yet, else
+    as a PublishError listing what was and was not published (as publish_batch's)."""
+    ids: list[str] = []
+    for index, payload in enumerate(payloads):
+        try:
+            ids.append(producer.publish(topic, payload, delay_seconds=delay))
+        except PawnQueueError as exc:
+            if not ids:
+                raise
+            err = PublishError(f"{len(payloads) - index} of {len(payloads)} messages to "
+                               f"{topic!r} were not published (first error: {exc})")
+            err.failed_indices = list(range(index, len(payloads)))  # type: ignore[attr-defined]
+            err.published_ids = ids  # type: ignore[attr-defined]
+            raise err from exc
+    return ids
+
+
+def delay_seconds(text: str) -> float:
+    """An argparse type: seconds of delay, a finite number >= 0 (the library checks
+    the maximum, ``publishing.max_delay_seconds``)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def _dedup_problem(dedup_id: str, payloads: int) -> str | None:
@@ -158,6 +193,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     pub.add_argument("payload", nargs="*")
     pub.add_argument("--producer", default="pawnq-cli")
     pub.add_argument("--create", action="store_true", help="create the topic if missing")
+    pub.add_argument("--delay", type=delay_seconds, metavar="S",
+                     help="deliver no sooner than S seconds from now, by the server's "
+                     "clock (up to publishing.max_delay_seconds, 7 days)")
     pub.add_argument("--dedup-id", metavar="K",
                      help="publish one payload at most once per K within "
                      "publishing.dedup_window_seconds (a repeat prints the first id)")

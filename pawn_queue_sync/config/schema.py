@@ -288,6 +288,9 @@ class RegistryConfig:
 SEGMENT_HEADER_ROOM = 4096
 #: publishing.max_segment_bytes by default (grown to fit the largest accepted message).
 DEFAULT_SEGMENT_BYTES = 8388608
+#: The largest ``publishing.max_delay_seconds`` accepted: 10 years (a delayed key's
+#: delay in milliseconds then has 12 digits at most).
+MAX_DELAY_CEILING_SECONDS = 315360000.0
 
 
 @attrs.frozen(kw_only=True)
@@ -324,6 +327,12 @@ class PublishingConfig:
         le=10000,
         env="PAWNQUEUE_PUBLISHING_LINGER_MS",
     )
+    max_delay_seconds: float = v.float_field(
+        604800.0,
+        "Longest delay of a delayed message (publish(delay_seconds=...), retry(delay_seconds="
+        "...)), in seconds: 7 days by default, at most 10 years.",
+        env="PAWNQUEUE_PUBLISHING_MAX_DELAY_SECONDS",
+    )
     dedup_window_seconds: float = v.float_field(
         300.0,
         "How long, in seconds, a publish(dedup_id=...) makes later publishes of the same "
@@ -333,6 +342,12 @@ class PublishingConfig:
     )
 
     def __attrs_post_init__(self) -> None:
+        if self.max_delay_seconds > MAX_DELAY_CEILING_SECONDS:
+            raise ConfigError(
+                "publishing.max_delay_seconds",
+                f"must be <= {MAX_DELAY_CEILING_SECONDS:g} (10 years), got "
+                f"{self.max_delay_seconds:g}",
+            )
         least = self.max_payload_bytes + SEGMENT_HEADER_ROOM
         if self.max_segment_bytes == DEFAULT_SEGMENT_BYTES < least:
             # A plain-topic setup that raised max_payload_bytes past 8 MiB keeps working:

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from ..errors import LeaseLostError, StorageError
+from ..errors import InvalidArgument, LeaseLostError, StorageError
 from ..events import EventCallback
 from ..runtime.listen import Listener
 from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
-from . import dedup, registry
+from . import dedup, delayed, registry
 from .claimant import Claimant
 from .context import Context
 from .message import Message
@@ -72,6 +72,9 @@ class Consumer:
         self._listeners: set[Listener] = set()
         #: expiry of the topics' dedup markers, now and then during polls
         self._markers = dedup.MarkerJanitor(ctx)
+        #: moves due delayed messages to messages/, at most once a poll interval a topic
+        self._promoter = delayed.Promoter(
+            ctx, lambda topic, _n: self._packed.singles_arrived(topic))
 
     @property
     def _lock(self) -> threading.Lock:
@@ -127,6 +130,7 @@ class Consumer:
                 break
             topic = self._topics[(start + i) % len(self._topics)]
             self._markers.run_due(topic)
+            self._promoter.run_due(topic)  # due delayed messages first: taken now
             try:
                 got.extend(self._polled(topic).poll(topic, want - len(got)))
             except StorageError as exc:  # claims made elsewhere are kept, never dropped
@@ -256,15 +260,30 @@ class Consumer:
         """Give the lease back so the message is delivered again at once."""
         self._source(msg).release(msg)
 
-    def retry(self, msg: Message, error: str | None = None) -> None:
+    def retry(self, msg: Message, error: str | None = None,
+              delay_seconds: float | None = None) -> None:
         """Record a failed attempt on the message itself, then release it.
 
         The count travels with the message (an ``attempts`` field), so any consumer
         that takes it next knows its ``delivery_count``.
+
+        With ``delay_seconds`` (up to ``publishing.max_delay_seconds``; a bad one is
+        InvalidArgument, nothing written) the message is delivered again no sooner
+        than that, by the server's clock: it is written as a delayed message first
+        (with its ``attempts``), then removed (a packed topic's: settled in its
+        segment), then the lease is dropped. A crash in between delivers it again;
+        nothing loses it. It comes back as a new object at the end of the topic (a
+        packed topic's as a single message).
         """
         _check_text("error", error)
+        delay = delayed.check_delay(delay_seconds,
+                                    self._ctx.config.publishing.max_delay_seconds,
+                                    error=InvalidArgument)
         leased = msg.state == "leased" and not msg.settling
-        self._source(msg).retry(msg, error)
+        if delay is None:
+            self._source(msg).retry(msg, error)  # the call every source takes
+        else:
+            self._source(msg).retry(msg, error, delay)
         if leased and msg.state not in ("leased", "lost"):
             self._claimant.emit("retried", msg.topic, msg.id, delivery_count=msg.delivery_count,
                                 duration=self._claimant.held_for(msg), error=error)

@@ -97,6 +97,13 @@ class Message:
         Idempotent. If the dead-letter write fails the message stays where it was."""
         self._require_consumer().nack(self, reason)
 
+    def retry(self, *, delay_seconds: float | None = None, error: str | None = None) -> None:
+        """Record a failed delivery (``error``, kept as ``last_error``) and give the
+        message back: at once, or with ``delay_seconds`` no sooner than that by the
+        server's clock (written as a delayed message before it is removed here). See
+        :meth:`Consumer.retry <pawn_queue_sync.queue.consumer.Consumer.retry>`."""
+        self._require_consumer().retry(self, error, delay_seconds=delay_seconds)
+
     def release(self) -> None:
         """Give the message back at once, so any consumer may take it again."""
         self._require_consumer().release(self)

@@ -117,8 +117,8 @@ class ObjectSource:
     def nack(self, msg: Message, reason: str | None) -> None:
         settle.nack(self._claimant, msg, reason)
 
-    def retry(self, msg: Message, error: str | None) -> None:
-        settle.retry(self._claimant, msg, error)
+    def retry(self, msg: Message, error: str | None, delay: float | None = None) -> None:
+        settle.retry(self._claimant, msg, error, delay)
 
     def release(self, msg: Message) -> None:
         settle.release(self._claimant, msg)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from .. import layout
 from ..errors import LeaseLostError, StorageError
 from ..protocol import lease as leases
+from . import delayed
 from .claimant import Claimant
 from .held import HeldSegment
 from .message import Message
@@ -72,6 +73,12 @@ class PackedSource:
             state.singles_at, state.singles_found = now, bool(singles)
             got.extend(singles)
         return got
+
+    def singles_arrived(self, topic: str) -> None:
+        """Single messages were just added to ``topic`` (due delayed ones moved to
+        ``messages/``): the next poll that segments do not fill looks for them at
+        once, rather than a poll interval after its last look."""
+        self.state(topic).singles_found = True
 
     def _from_segments(self, topic: str, state: PackedState, want: int) -> list[Message]:
         got: list[Message] = []
@@ -195,7 +202,10 @@ class PackedSource:
             self._claimant.settled(msg, "nacked")
         seg.finish_if_complete()
 
-    def retry(self, msg: Message, error: str | None) -> None:
+    def retry(self, msg: Message, error: str | None, delay: float | None = None) -> None:
+        if delay is not None:
+            self._retry_later(msg, error, delay)
+            return
         seg = _segment(msg)
         with msg.exclusive():
             if msg.state != "leased" or msg.settling:
@@ -204,6 +214,24 @@ class PackedSource:
             seg.commit(seg.change(lambda p: p.with_error(i, error) if error else p))
             self._claimant.settled(msg, "released")
             seg.back(i)
+
+    def _retry_later(self, msg: Message, error: str | None, delay: float) -> None:
+        """A retry with a delay: the message written as a delayed single message
+        first (``attempts`` its deliveries so far), then settled in its segment as a
+        nack settles it: a crash in between repeats it, never loses it."""
+        seg = _segment(msg)
+        with msg.exclusive():
+            if msg.state != "leased" or msg.settling:
+                return
+            if not seg.fresh():
+                seg.renew()  # still ours before the delayed copy is written
+            doc = delayed.retry_doc({**msg.body, "topic": msg.topic}, msg.delivery_count,
+                                    error)
+            delayed.write_retry(self._claimant.ctx, msg.topic, msg.id, doc, delay)
+            seg.commit(seg.change(lambda p: p.settle([msg.index])))
+            seg.settled_out(msg.index)
+            self._claimant.settled(msg, "released")
+        seg.finish_if_complete()
 
     def release(self, msg: Message) -> None:
         seg = _segment(msg)

@@ -53,8 +53,11 @@ class Producer:
     ) -> str:
         """Publish one JSON-serialisable payload; returns the message id.
 
-        ``delay_seconds``: the message stays invisible to every consumer until then
-        (see :mod:`~pawn_queue_sync.queue.delayed`). ``dedup_id``: within
+        ``delay_seconds``: the message stays invisible to every consumer until then,
+        by the server's clock, and is delivered within about a poll interval after
+        (see :mod:`~pawn_queue_sync.queue.delayed`; a packed topic stores it alone and
+        delivers it as a single message). Up to ``publishing.max_delay_seconds`` (7
+        days); a negative, NaN, infinite or longer one is PayloadError. ``dedup_id``: within
         ``publishing.dedup_window_seconds`` a second publish with the same id on the
         same topic writes nothing and returns the first message's id (see
         :mod:`~pawn_queue_sync.queue.dedup`).
@@ -70,7 +73,8 @@ class Producer:
         the segment holding it is stored, and raises PublishError if that write failed.
         """
         self._ctx.require_topic(topic)
-        delay = delayed.check_delay(delay_seconds)
+        delay = delayed.check_delay(delay_seconds,
+                                    self._ctx.config.publishing.max_delay_seconds)
         if dedup_id is None:
             return self._publish_one(topic, payload, message_id, created_at, delay)
         dedup_id = dedup.check_dedup_id(dedup_id)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
+from typing import Any
 
 from .. import layout
 from ..errors import ConditionFailed, LeaseLostError, StorageError
 from ..protocol import lease as leases
 from ..protocol.effects import run
+from . import delayed
 from .claimant import Claimant
 from .message import Message
 
@@ -270,25 +272,36 @@ def release(claimant: Claimant, msg: Message) -> None:
     claimant.drop_lease(msg.lease_key, msg.lease_token)
 
 
-def retry(claimant: Claimant, msg: Message, error: str | None = None) -> None:
+def retry(claimant: Claimant, msg: Message, error: str | None = None,
+          delay: float | None = None) -> None:
     """See :meth:`Consumer.retry <pawn_queue_sync.queue.consumer.Consumer.retry>`."""
     ctx = claimant.ctx
     with msg.exclusive():
         if msg.state != "leased" or msg.settling:
             return
         fence(claimant, msg)
-        doc = dict(msg.body)
-        doc["attempts"] = msg.delivery_count
-        if error is not None:
-            doc["last_error"] = error[:2000]
-        if_match = msg.etag if ctx.caps.if_match and msg.etag else None
-        try:
-            ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match,
-                          deadline=fence_ends(claimant, msg))
-        except ConditionFailed:  # re-published meanwhile: the new version starts at 1
-            log.info("%s was replaced while we held it: its retry is not recorded", msg.key)
+        doc = delayed.retry_doc(msg.body, msg.delivery_count, error)
+        if delay is not None:
+            # the delayed copy first, then the message (fenced, as a nack deletes it):
+            # a crash in between leaves both (delivered again), never neither
+            delayed.write_retry(ctx, msg.topic, msg.id, doc, delay)
+            fence(claimant, msg)
+            claimant.delete_version(msg.key, msg.etag, fence_ends(claimant, msg), msg.body)
+        else:
+            _record_retry(claimant, msg, doc)
         claimant.settled(msg, "released")
     claimant.drop_lease(msg.lease_key, msg.lease_token)
+
+
+def _record_retry(claimant: Claimant, msg: Message, doc: dict[str, Any]) -> None:
+    """Write the failed delivery onto the message itself (only the version we hold)."""
+    ctx = claimant.ctx
+    if_match = msg.etag if ctx.caps.if_match and msg.etag else None
+    try:
+        ctx.store.put(msg.key, layout.canonical_json(doc), if_match=if_match,
+                      deadline=fence_ends(claimant, msg))
+    except ConditionFailed:  # re-published meanwhile: the new version starts at 1
+        log.info("%s was replaced while we held it: its retry is not recorded", msg.key)
 
 
 def refresh(claimant: Claimant, msg: Message) -> None:

@@ -41,8 +41,9 @@ class MessageSource(Protocol):
         """Dead-letter ``msg`` with ``reason``, then remove it."""
         ...
 
-    def retry(self, msg: Message, error: str | None) -> None:
-        """Record a failed delivery of ``msg``, then give it back."""
+    def retry(self, msg: Message, error: str | None, delay: float | None = None) -> None:
+        """Record a failed delivery of ``msg``, then give it back; with ``delay``
+        (seconds), as a delayed message written before ``msg`` is removed."""
         ...
 
     def release(self, msg: Message) -> None:
