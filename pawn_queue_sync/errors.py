@@ -32,6 +32,7 @@ __all__ = [
     "LeaseConflictError",
     "InvalidArgument",
     "TopicNotEmptyError",
+    "MissingExtra",
 ]
 
 
@@ -159,6 +160,11 @@ class PlatformNotSupported(StorageError, ImportError):
 class StoreClosed(StorageError, NotStartedError):
     """The store was used after ``close()``: it opens no connection again. (Also a
     :class:`NotStartedError`: the same mistake as using a queue after teardown.)"""
+
+
+class MissingExtra(PawnQueueError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names
+    the extra to install (e.g. ``pip install 'pawn-queue-sync[metrics]'``)."""
 
 
 class StoreNotPortable(PawnQueueError, TypeError):

@@ -8,6 +8,7 @@ messages consumed); a forked child delivers its own events, never its parent's."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import PawnQueue, StorageError, drain, load_config
+from pawn_queue_sync import LeaseLostError, PawnQueue, StorageError, drain, load_config
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.events import KINDS, Event, EventBus
 from pawn_queue_sync.testing import memory_queue
@@ -160,7 +161,7 @@ def test_a_stale_lease_is_reaped_and_its_first_holder_loses_it(packed: bool) -> 
         clock.advance(30)  # past the visibility timeout: the lease is stale
         taken, = fast.poll(1)
         assert taken.id == mid and taken.delivery_count == 2
-        with pytest.raises(Exception, match="lost|not acked"):
+        with pytest.raises(LeaseLostError):
             held.ack()
         taken.ack()
         pq.events.flush(10)
@@ -293,14 +294,15 @@ def test_a_forked_child_delivers_its_own_events_only(tmp_path: Path) -> None:
             bus.publish(event("child"))
             if not bus.flush(10):
                 return 3
-            out.write_text(repr(seen))
+            out.write_text(json.dumps(seen))
             return 0
 
         assert in_child(child) == 0
-        child_seen = eval(out.read_text())  # noqa: S307 - our own repr
+        child_seen = json.loads(out.read_text())
         # the child delivered its own event, on a thread of its own, and none of the
         # parent's queued ones (nor the one the parent's dispatcher was stuck in)
         assert [(kind, mid) for _, kind, mid in child_seen] == [("published", "child")]
+        assert child_seen[0][0] != os.getpid()
         release.set()
         assert bus.flush(10)
         assert [mid for _, _, mid in seen] == ["stuck"] + [f"parent-{i}" for i in range(5)]

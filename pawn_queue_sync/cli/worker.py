@@ -1,7 +1,8 @@
 """``pawnq worker``: run a supervised pool of worker processes from the command line.
 
     pawnq worker package.module:function --topic orders [--topic more] \\
-        --processes 4 --threads 8 --config config.yaml [--consumer-name NAME]
+        --processes 4 --threads 8 --config config.yaml [--consumer-name NAME] \\
+        [--metrics-port 9108]
 
 The handler is imported as ``python -m`` would: the working directory comes first on
 ``sys.path`` (after any ``--path DIR``), in the supervisor and in every worker process.
@@ -35,6 +36,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (0: any free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """A finite number of seconds >= 0 (inf or nan would break the supervisor's waits)."""
     try:
@@ -63,6 +75,11 @@ def _add_arguments(parser: argparse.ArgumentParser, *, config_default: Any) -> N
                         "registers as NAME/i (default: worker)")
     parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                         help="seconds in-flight handlers get to finish on stop (default: 30)")
+    parser.add_argument("--metrics-port", type=_port, default=None, metavar="N",
+                        help="serve the workers' Prometheus metrics at "
+                        "http://ADDR:N/metrics (needs pawn-queue-sync[metrics])")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
+                        help="address the metrics are served on (default: 0.0.0.0)")
     parser.add_argument("--path", dest="sys_path", action="append", default=[],
                         metavar="DIR", help="prepend DIR to sys.path to import the handler "
                         "(repeatable; the working directory is always importable, after "
@@ -96,6 +113,7 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run the pool described by parsed ``worker`` arguments; the exit status."""
+    from ..errors import MissingExtra
     from ..workers import RET_CONFIG, WorkerPool
 
     _prepend_import_paths(args.sys_path or [])
@@ -109,8 +127,10 @@ def run_worker(args: argparse.Namespace) -> int:
             threads=args.threads,
             consumer_name=args.consumer_name,
             shutdown_timeout_seconds=args.shutdown_timeout,
+            metrics_port=getattr(args, "metrics_port", None),
+            metrics_addr=getattr(args, "metrics_addr", "0.0.0.0"),
         )
-    except ValueError as exc:
+    except (ValueError, MissingExtra) as exc:
         log.error("%s", exc)
         return RET_CONFIG
     return pool.run()

@@ -78,10 +78,12 @@ class PawnQueue:
         *,
         session: Any = None,
         client: Any = None,
+        on_event: EventCallback | None = None,
     ) -> PawnQueue:
         """A queue from a YAML path, a dict or a config object (env fills the gaps);
-        ``session``/``client``: the caller's boto3 session or S3 client for its store."""
-        return cls(load_config(source), session=session, client=client)
+        ``session``/``client``: the caller's boto3 session or S3 client for its store;
+        ``on_event``: as for the constructor."""
+        return cls(load_config(source), session=session, client=client, on_event=on_event)
 
     @property
     def config(self) -> PawnQueueConfig:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from .. import metrics
 from ..config import load_config
 from ..errors import ConfigError, PawnQueueError, StorageError, TopicNotFoundError
 from ..queue.core import PawnQueue
@@ -132,3 +133,17 @@ def preflight(
     finally:
         pq.teardown()
     return None, config.to_dict()
+
+
+def check_metrics(port: int | None, addr: str) -> tuple[int, str] | None:
+    """``(port, addr)`` to serve the pool's metrics on, or None without a port; a port
+    outside 0-65535 (0: any free one) or an empty address is a ValueError, a missing
+    ``metrics`` extra :class:`~pawn_queue_sync.errors.MissingExtra`."""
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"metrics_port must be None or an int in 0-65535, not {port!r}")
+    if not isinstance(addr, str) or not addr:
+        raise ValueError(f"metrics_addr must be a non-empty str, not {addr!r}")
+    metrics.require()
+    return port, addr

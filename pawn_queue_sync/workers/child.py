@@ -19,6 +19,7 @@ import attrs
 
 from ..config import load_config
 from ..errors import RegistrationError, StorageError
+from ..metrics import PoolMetrics
 from ..queue.core import PawnQueue
 from ..runtime import Listener
 from ..runtime.options import ListenOptions, option_names
@@ -49,6 +50,8 @@ class _ChildSpec:
     log_level: int
     index: int
     listener_options: dict[str, Any] = attrs.field(factory=dict)
+    #: count events into the supervisor's multiprocess metrics (PoolMetrics)
+    metrics: bool = False
 
 
 # -- the worker process --------------------------------------------------------------------
@@ -120,7 +123,8 @@ def _child_main(spec: _ChildSpec, ready: Any = None, stopping: Any = None,
         log.error("worker %s: %s", name, exc)
         sys.exit(RET_IMPORT)
     try:
-        pq = PawnQueue(load_config(spec.config)).setup()
+        on_event = PoolMetrics.child_callback() if spec.metrics else None
+        pq = PawnQueue(load_config(spec.config), on_event=on_event).setup()
         consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
     except (StorageError, RegistrationError, OSError) as exc:
         log.error("worker %s: cannot reach the store: %s", name, exc)

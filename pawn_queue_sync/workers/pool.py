@@ -63,14 +63,16 @@ import attrs
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig
+from ..metrics import PoolMetrics
 from ..runtime.options import Default, ListenOptions
 from ..runtime.signals import Wakeup, install_stop_handlers
-from .arguments import check_arguments, preflight
+from .arguments import check_arguments, check_metrics, preflight
 from .child import _checked_listener_options, _child_main, _ChildSpec
 from .common import (
     _SIGNALS,
     KILL_GRACE_S,
     MAX_START_FAILURES,
+    RET_CONFIG,
     RET_KILLED,
     RET_OK,
     RET_START_FAILED,
@@ -111,7 +113,8 @@ class WorkerPool:
     returns an exit
     status (``RET_*``). Signal handlers are installed only when ``run()`` is called in
     the main thread and ``install_signal_handlers`` is true; otherwise call
-    :meth:`stop` (safe from any thread or a signal handler).
+    :meth:`stop` (safe from any thread or a signal handler). ``metrics_port``: the
+    supervisor serves the workers' Prometheus metrics there (:class:`PoolMetrics`).
     """
 
     def __init__(
@@ -131,6 +134,8 @@ class WorkerPool:
         log_level: int | None = None,
         listener_options: ListenOptions | Mapping[str, Any] | None = None,
         max_start_failures: int = MAX_START_FAILURES,
+        metrics_port: int | None = None,
+        metrics_addr: str = "0.0.0.0",
         **deprecated: float,
     ) -> None:
         args = check_arguments(
@@ -159,6 +164,9 @@ class WorkerPool:
         self._install_signals = install_signal_handlers
         self._log_level = log_level if log_level is not None else logging.getLogger().level
         self._listener_options = _checked_listener_options(listener_options)
+        #: (port, address) of the metrics served by the supervisor (PoolMetrics)
+        self._metrics_at = check_metrics(metrics_port, metrics_addr)
+        self._metrics: PoolMetrics | None = None
         self._wakeup = Wakeup()
         self._clock: Clock = SYSTEM_CLOCK
         self._stop_requests = 0  # plain int: bumped by stop(), maybe in a signal handler
@@ -205,7 +213,7 @@ class WorkerPool:
             raise RuntimeError("a WorkerPool runs only once; make a new one")
         self._ran = True
         try:
-            status = self._preflight()
+            status = self._preflight() or self._serve_metrics()
             if status is not None:
                 return status
             restore = self._install_signal_handlers()
@@ -215,6 +223,21 @@ class WorkerPool:
                 restore()
         finally:
             self._wakeup.close()
+            if self._metrics is not None:
+                self._metrics.close()
+
+    def _serve_metrics(self) -> int | None:
+        """With ``metrics_port``: serve multiprocess metrics before any worker starts
+        (RET_CONFIG when the port cannot be bound)."""
+        if self._metrics_at is None:
+            return None
+        self._metrics = PoolMetrics(*self._metrics_at, self._config_dict or {}, self._topics)
+        return None if self._metrics.start() else RET_CONFIG
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the pool's metrics are served on while it runs (None: none)."""
+        return self._metrics.port if self._metrics is not None else None
 
     def _preflight(self) -> int | None:
         """Import the handler and reach the store once; an exit status if that fails."""
@@ -243,6 +266,7 @@ class WorkerPool:
             log_level=self._log_level,
             index=index,
             listener_options=self._listener_options,
+            metrics=self._metrics is not None,
         )
 
     def _start(self, slot: _Slot) -> None:
