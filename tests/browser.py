@@ -203,6 +203,11 @@ class Browser:
             self.send("Input.dispatchMouseEvent", session=True, type=kind, x=x, y=y,
                       button="left", clickCount=1)
 
+    def type_text(self, selector: str, text: str) -> None:
+        """Click the field ``selector`` matches and type ``text`` into it."""
+        self.click(selector)
+        self.send("Input.insertText", session=True, text=text)
+
     def screenshot(self, path: Path) -> None:
         """A PNG of the whole page at ``path``."""
         size = self.eval("[document.documentElement.scrollWidth,"

@@ -205,3 +205,22 @@ def test_reloading_pages_makes_no_request_to_the_bucket(
             _open_letters(browser, "orders", 3)
             assert proxy.requests == letters and dash.poller.letter_fetches == 1
             assert dash.poller.polls == 1
+
+
+def test_beyond_loopback_the_page_asks_for_the_token_before_showing_anything(
+        real_s3_config: dict[str, Any], browser: Browser) -> None:
+    token = "a-token-the-user-chose-0123456789"
+    with PawnQueue.from_config(real_s3_config) as pq:
+        seed(pq)
+        with running(pq, host="0.0.0.0", token=token) as dash:
+            browser.goto(f"http://127.0.0.1:{dash.httpd.server_address[1]}/")
+            browser.wait_for("document.getElementById('error').textContent.includes('401')"
+                             " || document.getElementById('error').textContent"
+                             ".includes('token')")
+            assert _visible(browser, "token-form")
+            assert browser.eval("document.querySelectorAll('tr[data-topic]').length") == 0
+            browser.type_text("#token-input", token)
+            browser.click("#token-form button")
+            browser.wait_for("document.querySelectorAll('tr[data-topic]').length === 2")
+            assert _shown(browser, "orders")["dead_lettered"] == "3"
+            assert not _visible(browser, "token-form") and not _visible(browser, "error")
