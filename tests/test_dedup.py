@@ -21,9 +21,11 @@ from pawn_queue_sync.errors import ConditionFailed, ConfigError
 from pawn_queue_sync.queue import dedup
 from pawn_queue_sync.storage.factory import build_store
 from pawn_queue_sync.testing import memory_queue
+from tests.interop import run_pawnqueue
 from tests.servers import deep_merge
 from tests.test_cli import _pawnq
 from tests.test_deadletters import TOPIC, Wrapped, config, drain  # noqa: F401 (fixture)
+from tests.test_interop import _CONSUME_AND_READ
 
 THREADS = 8
 PROCESSES = 4
@@ -238,6 +240,26 @@ def test_a_retry_after_a_failed_write_completes_it_with_the_same_id(
     store.inner.close()
 
 
+def test_dedup_and_delay_combine_into_one_delayed_message(
+    config: dict[str, Any],  # noqa: F811
+) -> None:
+    cfg = load_config(config)
+    store = Wrapped(build_store(cfg))
+    with PawnQueue(cfg, store=store) as pq:  # type: ignore[arg-type]
+        pq.create_topic(TOPIC)
+        producer = pq.register_producer("p")
+        failed = _failing_first_write(store, layout.delayed_prefix(TOPIC))
+        with pytest.raises(PublishError):
+            producer.publish(TOPIC, {"n": 1}, dedup_id="later", delay_seconds=2)
+        assert failed and pq.store.list(layout.delayed_prefix(TOPIC)).objects == []
+        ids = {producer.publish(TOPIC, {"n": 1}, dedup_id="later", delay_seconds=2)
+               for _ in range(3)}
+        assert ids == {marker_doc(pq, TOPIC, "later")["message_id"]}
+        assert len(pq.store.list(layout.delayed_prefix(TOPIC)).objects) == 1
+        assert delivered(pq, TOPIC, ids) == Counter({ids.pop(): 1})
+    store.inner.close()
+
+
 @pytest.mark.parametrize("wrote", [False, True], ids=["died-before-write",
                                                       "died-after-write"])
 def test_a_marker_left_writing_by_a_dead_writer_is_completed_once(
@@ -386,3 +408,29 @@ def test_requests_per_deduplicated_publish_are_as_documented(packed: bool) -> No
         seen.clear()
         assert producer.publish(TOPIC, 2, dedup_id="k") == first
         assert seen == Counter({("put", "dedup"): 1, ("get", "dedup"): 1})
+
+
+# -- pawn-queue 0.1.3 -----------------------------------------------------------------
+
+
+@pytest.mark.interop
+def test_pawnqueue_consumes_a_deduplicated_message_once_and_ignores_markers(
+    real_s3_config: dict[str, Any],
+) -> None:
+    with PawnQueue(real_s3_config) as pq:
+        pq.create_topic("orders")
+        producer = pq.register_producer("sync-service")
+        ids = {producer.publish("orders", {"order_id": 1}, dedup_id="order-1")
+               for _ in range(3)}
+        assert len(ids) == 1 and len(markers(pq, "orders")) == 1
+        result = run_pawnqueue(
+            _CONSUME_AND_READ,
+            {**real_s3_config, "concurrency": {"strategy": "conditional_write"}},
+            args={"topic": "orders", "consumer": "billing", "producer": "sync-service",
+                  "dead_letter_prefix": layout.dead_letter_prefix("orders")},
+        )
+        first, second = result["polls"]
+        assert [m["id"] for m in first] == list(ids) and second == []
+        assert [m["payload"] for m in first] == [{"order_id": 1}]
+        assert markers(pq, "orders") == [dedup.marker_key("orders", "order-1")]
+        assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}

@@ -392,9 +392,10 @@ class Consumer:
         :data:`~pawn_queue_sync.queue.dedup.EXPIRE_PER_RUN` per topic) now; returns how
         many leases are live afterwards."""
         topics = [topic] if topic else self._topics
-        for t in topics:
+        live = sum(self._polled(t).janitor(t) for t in topics)
+        for t in topics:  # after the leases: a failure here leaves them reaped
             self._markers.run(t)
-        return sum(self._polled(t).janitor(t) for t in topics)
+        return live
 
 
 def _check_text(name: str, value: object) -> None:
