@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import Message, PawnQueue, StorageError, cli, layout
+from pawn_queue_sync import Message, PawnQueue, StorageError, TopicNotEmptyError, cli, layout
 from pawn_queue_sync.queue import delayed
 from pawn_queue_sync.queue.consumer import Consumer
 from tests.servers import deep_merge
@@ -269,6 +269,20 @@ def test_a_delayed_retry_interrupted_before_its_delete_repeats_never_loses(
     consume_times(consumer, seen, mid, 2)
     assert seen.count == {mid: 2}
     nothing_left(pq)
+
+
+# -- topics --------------------------------------------------------------------------------
+
+
+def test_delete_topic_refuses_while_delayed_messages_wait(config: dict[str, Any]) -> None:  # noqa: F811
+    with PawnQueue(config) as pq:
+        pq.create_topic(TOPIC)
+        mid = pq.register_producer("p").publish(TOPIC, {"n": 1}, delay_seconds=3600)
+        with pytest.raises(TopicNotEmptyError, match="delayed messages"):
+            pq.delete_topic(TOPIC)
+        assert pq.topic_exists(TOPIC) and list(delayed_written(pq)) == [mid]
+        assert pq.delete_topic(TOPIC, force=True) == 2  # the delayed message, the marker
+        assert pq.store.list(f"{TOPIC}/").objects == []
 
 
 # -- the CLI -------------------------------------------------------------------------------

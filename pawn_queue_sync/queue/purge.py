@@ -184,8 +184,9 @@ def _purge_pages(ctx: Context, prefix: str, weight: Callable[[str], int],
 def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
     """Delete ``topic``: its marker, its manifest and everything under it; the number
     of objects deleted. Without ``force``, raises :class:`TopicNotEmptyError` while it
-    holds messages, segments, dead letters or live leases (by the server's clock), and
-    then deletes only its stale leases, its manifest and its marker (last): a message
+    holds messages, segments, dead letters, delayed messages or live leases (by the
+    server's clock), and then deletes only its stale leases, its manifest, a promotion
+    lock left behind and its marker (last): a message
     published meanwhile by a process that knew the topic stays (invisible until the
     topic is created again), never deleted unseen. With ``force``, everything under
     ``{topic}/`` goes, page by page, the marker last (a crash leaves a topic to delete
@@ -196,6 +197,7 @@ def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
     ctx.require_topic(topic)
     marker = layout.topic_marker_key(topic)
     manifest = layout.packed_manifest_key(topic)
+    lock = layout.delayed_lock_key(topic)  # a dead promoter's (none delayed are left)
     if force:
         keep = {marker}
 
@@ -206,7 +208,7 @@ def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
         garbage = (layout.leases_prefix(topic), layout.segment_leases_prefix(topic))
 
         def doomed(key: str) -> bool:
-            return key.startswith(garbage) or key == manifest
+            return key.startswith(garbage) or key in (manifest, lock)
     deleted = 0
     batch: list[str] = []
     for info in iter_keys(ctx, f"{topic}/"):
@@ -238,7 +240,8 @@ def _check_empty(ctx: Context, topic: str) -> None:
     what: list[str] = []
     for name, prefix in (("messages", layout.messages_prefix(topic)),
                          ("segments", layout.segments_prefix(topic)),
-                         ("dead letters", layout.dead_letter_prefix(topic))):
+                         ("dead letters", layout.dead_letter_prefix(topic)),
+                         ("delayed messages", layout.delayed_prefix(topic))):
         if ctx.store.list(prefix, limit=1).objects:
             what.append(name)
     for name, prefix in (("live leases", layout.leases_prefix(topic)),
