@@ -117,6 +117,32 @@ def test_delayed_messages_come_once_and_never_early(config: dict[str, Any],  # n
         nothing_left(pq)
 
 
+def test_a_listener_gets_delayed_messages_once_due(config: dict[str, Any]) -> None:  # noqa: F811
+    with PawnQueue(config) as pq:
+        pq.create_topic(TOPIC)
+        producer = pq.register_producer("p")
+        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=2) for i in range(10)}
+        written = delayed_written(pq)
+        seen = Deliveries(pq)
+        done = threading.Event()
+
+        def handler(msg: Message) -> None:
+            seen.record(msg)
+            if set(seen.count) >= ids:
+                done.set()
+
+        consumer = pq.register_consumer("listener", [TOPIC])
+        thread = threading.Thread(target=consumer.listen, args=(handler,),
+                                  kwargs={"stop_event": done, "max_workers": 4,
+                                          "install_signal_handlers": False})
+        thread.start()
+        thread.join(DEADLINE)
+        assert not thread.is_alive() and done.is_set(), set(ids) - set(seen.count)
+        assert set(seen.count) == ids and set(seen.count.values()) == {1}
+        not_early(seen, written, 2)
+        nothing_left(pq)
+
+
 # -- retry(delay_seconds=...) --------------------------------------------------------------
 
 
