@@ -32,11 +32,13 @@ from pawn_queue_sync.queue.topic_stats import TopicStats
 from pawn_queue_sync.storage.factory import build_store
 from pawn_queue_sync.testing import memory_queue
 from tests.fault_proxy import FaultProxy
-from tests.servers import S3Server, config_dict
+from tests.servers import S3Server, config_dict, deep_merge
 from tests.test_deadletters import Wrapped, config  # noqa: F401  (the fixture)
 
 TOPIC = "orders"
 DEADLINE = 60.0
+#: Leases that outlive a slow run under load: a held message stays in flight.
+LONG_LEASES = {"polling": {"visibility_timeout_seconds": 600}}
 
 
 class Counted(FaultProxy):
@@ -122,7 +124,7 @@ def key_time(key: str) -> datetime:
 
 
 def test_plain_topic_every_message_in_one_count(config: dict[str, Any]) -> None:  # noqa: F811
-    with PawnQueue.from_config(config) as pq:
+    with PawnQueue.from_config(deep_merge(config, LONG_LEASES)) as pq:
         pq.create_topic(TOPIC)
         ids = pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(20)])
         s = pq.stats(TOPIC)
@@ -154,7 +156,7 @@ def test_plain_topic_every_message_in_one_count(config: dict[str, Any]) -> None:
 
 
 def test_packed_topic_segments_held_and_given_back(config: dict[str, Any]) -> None:  # noqa: F811
-    with PawnQueue.from_config(config) as pq:
+    with PawnQueue.from_config(deep_merge(config, LONG_LEASES)) as pq:
         pq.create_topic(TOPIC, packed=True)
         ids = pq.register_producer("p").publish_batch(TOPIC, [{"n": i} for i in range(30)])
         (segment,) = pq.store.list(layout.segments_prefix(TOPIC)).objects

@@ -11,7 +11,8 @@ traceback under ``--verbose``); the exit statuses are the ``EXIT_*`` constants
 (:mod:`.exits`, exported here), documented in README.md ("The CLI").
 
 Modules: :mod:`.parser` (the options, and each group's subcommands), one per command
-group (:mod:`.demo`, :mod:`.topics`, :mod:`.messages`, :mod:`.worker`), and
+group (:mod:`.demo`, :mod:`.topics`, :mod:`.messages`, :mod:`.deadletters`,
+:mod:`.stats`, :mod:`.worker`), and
 :mod:`.shared` (output, errors, the queue a command opens). The CLI sits at the top:
 it imports the queue and the worker pool, and nothing imports it.
 """

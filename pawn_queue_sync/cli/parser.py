@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from . import dashboard, deadletters, demo, messages, topics
+from . import dashboard, deadletters, demo, messages, stats, topics
 
 _EPILOG = """exit status: 0 ok; 1 failed (one line on stderr; --verbose adds the traceback);
 2 usage error (and dead-letter purge without --yes off a terminal); 141 stdout closed by
-its reader (| head), quietly; 130 Ctrl-C.
+its reader (| head), quietly; 130 Ctrl-C (stats --watch: 0).
 worker: 1 stopped hard, 3 store unreachable, 4 bad configuration or missing topic,
 5 handler import failed, 6 workers kept failing to start. See README.md, "The CLI"."""
 
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     messages.add_parsers(sub, common)
     deadletters.add_parsers(sub, common)
     dashboard.add_parsers(sub, common)
+    stats.add_parsers(sub, common)
     topics.add_info_parser(sub, common)
     # Imported here, not with the package: ``python -m pawn_queue_sync.cli.worker`` then
     # runs that module once, as __main__, instead of after a copy of it was imported.

@@ -35,6 +35,12 @@ def cell(value: Any, width: int = CELL) -> str:
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
     """Write a table of ``rows`` (cells made with :func:`cell`) to stdout."""
+    emit(*render_table(columns, rows, title))
+
+
+def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                 title: str | None = None) -> list[str]:
+    """The lines :func:`table` writes (``pawnq stats --watch`` redraws them in place)."""
     grid = Table(*columns, title=title, box=box.SIMPLE_HEAD, header_style="bold",
                  title_justify="left")
     for row in rows:
@@ -43,7 +49,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
     buffer = io.StringIO()
     Console(file=buffer, width=width, force_terminal=False, color_system=None,
             highlight=False).print(grid)
-    emit(*(line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()))
+    return [line.rstrip() for line in buffer.getvalue().rstrip("\n").splitlines()]
 
 
 def json_lines(items: Sequence[dict[str, Any]]) -> None:

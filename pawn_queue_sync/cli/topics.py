@@ -25,23 +25,35 @@ def cmd_topics(args: argparse.Namespace) -> int:
     with open_queue(args) as pq:
         if args.delete:
             for t in args.delete:  # TopicNotEmptyError stops at the first refused
-                emit(f"{t}: deleted ({pq.delete_topic(t, force=args.force)} objects)")
+                n = pq.delete_topic(t, force=args.force)
+                emit(_json({"topic": t, "deleted": n}) if args.json
+                     else f"{t}: deleted ({n} objects)")
             return EXIT_OK
         if args.create:
             for t in args.create:
                 switching = args.packed and pq.topic_exists(t) and not pq.context.topic_packed(t)
                 created = pq.create_topic(t, packed=args.packed)
-                if switching:  # a plain topic made packed: say so, not "exists"
+                if args.json:
+                    emit(_json({"topic": t, "created": created, "switched": switching}))
+                elif switching:  # a plain topic made packed: say so, not "exists"
                     emit(f"{t}: exists, switched to packed")
                 else:
                     emit(f"{t}: {'created' if created else 'exists'}{kind}")
             return EXIT_OK
         for t in pq.list_topics():
-            if args.stats:
-                emit(f"{t}\t" + "\t".join(f"{k}={v}" for k, v in pq.topic_stats(t).items()))
+            counts = pq.topic_stats(t) if args.stats else {}
+            if args.json:
+                emit(_json({"topic": t, **counts}))
+            elif args.stats:
+                emit(f"{t}\t" + "\t".join(f"{k}={v}" for k, v in counts.items()))
             else:
                 emit(t)
     return EXIT_OK
+
+
+def _json(doc: dict[str, Any]) -> str:
+    """One line of ``--json`` output."""
+    return json.dumps(doc, ensure_ascii=False)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -72,6 +84,9 @@ def add_topics_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="with --delete: delete everything in the topics too")
     topics.add_argument("--stats", action="store_true",
                         help="with pending/leased/dead counts (packed topics: and segments)")
+    topics.add_argument("--json", action="store_true",
+                        help="one JSON object a line ({\"topic\": ...} and the counts, or "
+                             "what --create/--delete did)")
     topics.set_defaults(func=cmd_topics)
 
 
