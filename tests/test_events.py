@@ -359,3 +359,24 @@ def test_no_callback_means_no_event_is_built() -> None:
         assert built == []
     finally:
         pq.close()
+
+
+def test_close_waits_a_bounded_time_for_a_stuck_callback() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(event: Event) -> None:
+        entered.set()
+        release.wait(60)
+
+    bus = EventBus([stuck])
+    now = FakeClock().now()
+    try:
+        bus.publish(Event("claimed", TOPIC, "first", now))
+        assert entered.wait(10)
+        for i in range(7):
+            bus.publish(Event("claimed", TOPIC, str(i), now))
+        assert bus.close(timeout=0.1) is False  # gave up waiting: the 7 queued dropped
+        assert bus.dropped == 7
+    finally:
+        release.set()
+    assert bus.flush(10)  # the one in hand finished; nothing left

@@ -176,3 +176,20 @@ def test_a_bad_metrics_port_is_refused(port: Any) -> None:
 
     with pytest.raises(ValueError, match="metrics_port"):
         WorkerPool(None, [TOPIC], "tests.test_metrics:handle", metrics_port=port)
+
+
+def test_a_port_in_use_stops_the_pool_before_any_worker_starts(tmp_path: Path) -> None:
+    from pawn_queue_sync.workers import RET_CONFIG, WorkerPool
+
+    cfg = {"local": {"path": str(tmp_path / "store")}}
+    with PawnQueue(load_config(cfg)) as pq:
+        pq.create_topic(TOPIC)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        pool = WorkerPool(cfg, [TOPIC], "tests.test_metrics:handle", processes=1,
+                          metrics_port=taken.getsockname()[1], metrics_addr="127.0.0.1",
+                          install_signal_handlers=False)
+        assert pool.run() == RET_CONFIG
+    assert pool.worker_pids() == {} and pool.restarts == 0
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ  # put back as it was

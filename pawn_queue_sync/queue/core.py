@@ -12,7 +12,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..config import PawnQueueConfig, load_config
 from ..errors import ConfigError, NotStartedError, RegistrationError
-from ..events import EventBus, EventCallback
+from ..events import DRAIN_TIMEOUT_S, EventBus, EventCallback
 from ..protocol.probe import capabilities, probe  # noqa: F401  (probe: re-exported)
 from ..storage.base import Store
 from ..storage.factory import build_store, check_session_client
@@ -128,9 +128,11 @@ class PawnQueue:
         ctx.close()
         if self._given_store is None:
             ctx.store.close()
+        dropped = self._events.dropped
         if not self._events.close():
-            log.warning("teardown: %d event(s) not handed to on_event callbacks in time",
-                        self._events.dropped)
+            log.warning("teardown: %d queued event(s) not handed to on_event callbacks "
+                        "within %g s: dropped", self._events.dropped - dropped,
+                        DRAIN_TIMEOUT_S)
 
     close = teardown
 
