@@ -186,6 +186,23 @@ def test_reloading_pages_makes_no_request_to_the_bucket(
                 browser.goto(dash.url)
                 browser.wait_for("document.querySelectorAll('tr[data-topic]').length === 2")
             assert not _visible(browser, "token-form")  # read-only: nothing to act with
+            # a hidden tab stops asking (the poller goes idle behind it), and asks again
+            # as soon as it is shown
+            browser.eval("""(async () => {
+              window.stateReads = 0;
+              const plain = window.fetch;
+              window.fetch = (url, opts) => {
+                if (String(url).includes('/api/state')) window.stateReads += 1;
+                return plain(url, opts);
+              };
+              Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+              await refresh();
+            })()""")
+            assert browser.eval("[ui.paused, window.stateReads]") == [True, 1]
+            browser.eval("Object.defineProperty(document, 'hidden', {configurable: true,"
+                         " get: () => false}); document.dispatchEvent("
+                         "new Event('visibilitychange'))")
+            browser.wait_for("window.stateReads === 2 && ui.paused === false")
             with ThreadPoolExecutor(8) as pool:  # and 40 more readers at once
                 answers = list(pool.map(lambda _: request(dash.url + "api/state"), range(40)))
             assert {status for status, _ in answers} == {200}

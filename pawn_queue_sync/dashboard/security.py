@@ -66,7 +66,8 @@ class Guard:
               allowed_hosts: Iterable[str] = ()) -> Guard:
         extra = {h.lower() for h in allowed_hosts}
         if is_loopback(host):
-            names = {host.lower(), "localhost", "127.0.0.1", "[::1]"}
+            bare = host.strip("[]").lower()
+            names = {f"[{bare}]" if ":" in bare else bare, "localhost", "127.0.0.1", "[::1]"}
             hosts = frozenset({f"{n}:{port}" for n in names} | extra)
             return cls(token, actions, False, hosts)
         return cls(token, actions, True, frozenset(extra))

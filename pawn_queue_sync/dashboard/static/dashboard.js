@@ -4,7 +4,7 @@
 "use strict";
 
 const TOKEN_KEY = "pawnq-dashboard-token";
-const ui = { data: null, topic: null, letters: [], selected: new Set(), timer: null };
+const ui = { data: null, topic: null, letters: [], selected: new Set(), timer: null, paused: false };
 
 function $(id) { return document.getElementById(id); }
 
@@ -261,7 +261,10 @@ async function refresh(again) {
     showError("cannot read the dashboard: " + e.message);
     if (e.status === 401) $("token-form").hidden = false;
   }
-  if (again !== false) ui.timer = setTimeout(refresh, wait * 1000);
+  // a hidden tab (another tab in front, a minimised window) stops asking, so the poller
+  // goes idle behind it; it asks again as soon as it is shown
+  if (document.hidden) ui.paused = true;
+  else if (again !== false) ui.timer = setTimeout(refresh, wait * 1000);
 }
 
 function start() {
@@ -286,6 +289,9 @@ function start() {
   $("redrive-all").addEventListener("click", () => act("redrive", { all: true }, "redrive every dead letter"));
   $("purge-all").addEventListener("click", () =>
     act("purge", { all: true }, "delete EVERY dead letter of " + ui.topic));
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && ui.paused) { ui.paused = false; refresh(); }
+  });
   refresh();
 }
 
