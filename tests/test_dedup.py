@@ -307,6 +307,31 @@ def test_a_create_whose_answer_was_lost_is_recognised_as_ours() -> None:
         assert delivered(pq, TOPIC, {mid}) == Counter({mid: 1})
 
 
+def test_a_wait_on_a_writer_that_stays_busy_is_bounded_and_writes_nothing() -> None:
+    """A "writing" marker rewritten before every read (a writer alive but never done)
+    is never taken over: the publish gives up after WAIT_SECONDS of its clock."""
+    state = {"busy": False, "pq": None}
+    busy = dedup._Marker("k", "0b9e3a5c-1d2e-4f60-8a7b-9c0d1e2f3a4b",
+                         "2026-01-01T00:00:00+00:00", "writing")
+
+    def rewrite_before_get(op: str, key: str) -> None:
+        if op == "get" and key.startswith(layout.dedup_prefix(TOPIC)) and not state["busy"]:
+            state["busy"] = True
+            try:  # a fresh version each time: never unchanged for WRITER_DEAD_SECONDS
+                state["pq"].store.put(key, busy.now("writing").encode())  # type: ignore[union-attr]
+            finally:
+                state["busy"] = False
+
+    with memory_queue(topics=[TOPIC], hooks=rewrite_before_get) as pq:
+        state["pq"] = pq
+        pq.store.put(dedup.marker_key(TOPIC, "k"), busy.encode())
+        started = pq.context.clock.monotonic()
+        with pytest.raises(PublishError, match="nothing was written"):
+            pq.register_producer("p").publish(TOPIC, 1, dedup_id="k")
+        assert pq.context.clock.monotonic() - started >= dedup.WAIT_SECONDS
+        assert pq.store.list(layout.messages_prefix(TOPIC)).objects == []
+
+
 # -- bad input, unsupported servers ----------------------------------------------------
 
 

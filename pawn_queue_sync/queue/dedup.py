@@ -171,55 +171,73 @@ def publish_once(ctx: Context, topic: str, dedup_id: str, message_id: str,
     _require_conditional(ctx, topic)
     key = marker_key(topic, dedup_id)
     mine = _Marker(dedup_id, message_id, layout.iso(created_at), "writing")
-    window = ctx.config.publishing.dedup_window_seconds
     clock = ctx.clock
     give_up = clock.monotonic() + WAIT_SECONDS
     backoff = _FIRST_BACKOFF
-    #: the "writing" version we wait on, and since when (monotonic) we have seen it
-    watched: tuple[str, float] | None = None
+    watch = _Watch()
     while True:
-        etag = _create(ctx, topic, key, mine)
-        if etag is not None:
-            return _write_and_mark(ctx, topic, key, mine, etag, write)
-        try:
-            got = ctx.store.get(key)
-        except ObjectNotFound:
-            continue  # removed meanwhile (a refused payload, the janitor): create again
-        except StorageError as exc:
-            raise PublishError(f"could not publish to {topic!r}: {exc}") from exc
-        theirs = _Marker.decode(got.body)
-        age = _age(got)
-        if got.body == mine.encode():  # our create landed, its answer was lost
-            return _write_and_mark(ctx, topic, key, mine, got.etag, write)
-        if theirs is None or (age is not None and age >= window):
-            taken = _replace(ctx, topic, key, mine, got.etag)
-            if taken is not None:
-                return _write_and_mark(ctx, topic, key, mine, taken, write)
-            continue  # another replaced or removed it first: look again
-        if theirs.state == "written":
-            log.debug("%s: dedup id already published as %s", topic, theirs.message_id)
-            return theirs.message_id
-        now = clock.monotonic()
-        if watched is None or watched[0] != got.etag:
-            watched = (got.etag, now)
-        dead = (age is not None and age >= WRITER_DEAD_SECONDS) or (
-            now - watched[1] >= WRITER_DEAD_SECONDS)
-        if theirs.state == "failed" or dead:
-            took = theirs.now("writing")
-            taken = _replace(ctx, topic, key, took, got.etag)
-            if taken is not None:
-                log.info("%s: completing the publish of %s (dedup marker %s, writer %s)",
-                         topic, theirs.message_id, key,
-                         "failed" if theirs.state == "failed" else "presumed dead")
-                return _write_and_mark(ctx, topic, key, took, taken, write)
-            continue
-        if now >= give_up:
+        mid = _attempt(ctx, topic, key, mine, write, watch)
+        if mid is not None:
+            return mid
+        if clock.monotonic() >= give_up:
             raise PublishError(
                 f"could not publish to {topic!r}: another publish of the same dedup_id "
-                f"has been writing for over {WAIT_SECONDS:g} s; nothing was written"
+                f"kept its marker {key} from being written or read as done for over "
+                f"{WAIT_SECONDS:g} s; nothing was written"
             )
         clock.sleep(backoff)
         backoff = min(2 * backoff, _MAX_BACKOFF)
+
+
+@attrs.define
+class _Watch:
+    """The "writing" marker version a publish waits on, and since when (monotonic) it
+    has seen it unchanged."""
+
+    etag: str | None = None
+    since: float = 0.0
+
+    def unchanged_for(self, etag: str, now: float) -> float:
+        if etag != self.etag:
+            self.etag, self.since = etag, now
+        return now - self.since
+
+
+def _attempt(ctx: Context, topic: str, key: str, mine: _Marker,
+             write: Callable[[str, datetime], str], watch: _Watch) -> str | None:
+    """One round of :func:`publish_once`: the message id, or None to wait and look
+    again (another writes it, or the marker changed under us)."""
+    etag = _create(ctx, topic, key, mine)
+    if etag is not None:
+        return _write_and_mark(ctx, topic, key, mine, etag, write)
+    try:
+        got = ctx.store.get(key)
+    except ObjectNotFound:
+        return None  # removed meanwhile (a refused payload, the janitor): create again
+    except StorageError as exc:
+        raise PublishError(f"could not publish to {topic!r}: {exc}") from exc
+    if got.body == mine.encode():  # our create landed, its answer was lost
+        return _write_and_mark(ctx, topic, key, mine, got.etag, write)
+    theirs = _Marker.decode(got.body)
+    age = _age(got)
+    window = ctx.config.publishing.dedup_window_seconds
+    if theirs is None or (age is not None and age >= window):
+        taken = _replace(ctx, topic, key, mine, got.etag)  # expired: one replacer wins
+        return None if taken is None else _write_and_mark(ctx, topic, key, mine, taken, write)
+    if theirs.state == "written":
+        log.debug("%s: dedup id already published as %s", topic, theirs.message_id)
+        return theirs.message_id
+    watched = watch.unchanged_for(got.etag, ctx.clock.monotonic())
+    dead = (age is not None and age >= WRITER_DEAD_SECONDS) or watched >= WRITER_DEAD_SECONDS
+    if theirs.state != "failed" and not dead:
+        return None
+    took = theirs.now("writing")
+    taken = _replace(ctx, topic, key, took, got.etag)  # one taker completes it
+    if taken is None:
+        return None
+    log.info("%s: completing the publish of %s (dedup marker %s, writer %s)", topic,
+             theirs.message_id, key, "failed" if theirs.state == "failed" else "presumed dead")
+    return _write_and_mark(ctx, topic, key, took, taken, write)
 
 
 def _create(ctx: Context, topic: str, key: str, marker: _Marker) -> str | None:
