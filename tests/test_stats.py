@@ -365,3 +365,47 @@ def test_bad_arguments_are_typed_errors_and_change_nothing(config: dict[str, Any
         pq.store.delete("ghost/messages/x.json")
         assert {o.key: o.etag for o in pq.store.list("").objects} == before
         assert counts(pq.stats(TOPIC)) == (0, 0, 0, 0)
+
+
+# -- delayed messages ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_delayed_messages_count_once_until_promoted(config: dict[str, Any],  # noqa: F811
+                                                    packed: bool) -> None:
+    with PawnQueue.from_config(config) as pq:
+        pq.create_topic(TOPIC, packed=packed)
+        producer = pq.register_producer("p")
+        later = [producer.publish(TOPIC, {"n": i}, delay_seconds=2) for i in range(3)]
+        now = producer.publish_batch(TOPIC, [{"n": 3}, {"n": 4}])
+        s = pq.stats(TOPIC)
+        assert counts(s) == (2, 0, 0, 3)  # delayed ones are not pending
+        consumer = pq.register_consumer("c", [TOPIC])
+        assert drain(consumer, 5) == set(later) | set(now)  # its polls promote them
+        assert counts(pq.stats(TOPIC)) == (0, 0, 0, 0)
+
+
+def test_no_message_segment_or_delayed_body_is_read() -> None:
+    """Stats GETs only segment leases and registry entries (names), never a message, a
+    segment or a delayed message."""
+    read: list[str] = []
+    clock = FakeClock()
+
+    def record(op: str, key: str) -> None:
+        if op == "get":
+            read.append(key)
+
+    with memory_queue(MANUAL, clock=clock, hooks=record) as pq:
+        pq.create_topic(TOPIC, packed=True)
+        producer = pq.register_producer("p")
+        producer.publish_batch(TOPIC, [{"n": i} for i in range(5)])
+        producer.publish(TOPIC, {"n": 5}, delay_seconds=60)
+        pq.store.put(layout.message_key(TOPIC, "20260101T000000_000000", str(uuid.uuid4())),
+                     b"{}")
+        consumer = pq.register_consumer("c", [TOPIC])
+        assert len(consumer.poll(max_messages=2)) == 2  # a segment under a lease
+        read.clear()
+        s = pq.stats(TOPIC)
+        assert counts(s) == (1, 5, 0, 1)
+        allowed = (layout.segment_leases_prefix(TOPIC), layout.REGISTRY_PREFIX)
+        assert read and all(k.startswith(allowed) for k in read), read
