@@ -459,3 +459,19 @@ def test_pawnqueue_consumes_a_deduplicated_message_once_and_ignores_markers(
         assert [m["payload"] for m in first] == [{"order_id": 1}]
         assert markers(pq, "orders") == [dedup.marker_key("orders", "order-1")]
         assert pq.topic_stats("orders") == {"pending": 0, "leased": 0, "dead_letter": 0}
+
+
+def test_deleting_a_topic_deletes_its_dedup_markers(tmp_path: Path) -> None:
+    """No consumer polls a deleted topic, so none would ever expire its markers: the
+    delete takes them (and a topic created again under the name starts without)."""
+    with PawnQueue({"local": {"path": str(tmp_path / "s")}}) as pq:
+        pq.create_topic(TOPIC)
+        first = pq.register_producer("p").publish(TOPIC, 1, dedup_id="k")
+        consumer = pq.register_consumer("c", [TOPIC])
+        for msg in consumer.poll():
+            msg.ack()
+        consumer.close()
+        pq.delete_topic(TOPIC)
+        assert pq.store.list(f"{TOPIC}/").objects == []
+        pq.create_topic(TOPIC)
+        assert pq.register_producer("p").publish(TOPIC, 2, dedup_id="k") != first

@@ -185,8 +185,8 @@ def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
     """Delete ``topic``: its marker, its manifest and everything under it; the number
     of objects deleted. Without ``force``, raises :class:`TopicNotEmptyError` while it
     holds messages, segments, dead letters, delayed messages or live leases (by the
-    server's clock), and then deletes only its stale leases, its manifest, a promotion
-    lock left behind and its marker (last): a message
+    server's clock), and then deletes only its stale leases, its dedup markers, its
+    manifest, a promotion lock left behind and its marker (last): a message
     published meanwhile by a process that knew the topic stays (invisible until the
     topic is created again), never deleted unseen. With ``force``, everything under
     ``{topic}/`` goes, page by page, the marker last (a crash leaves a topic to delete
@@ -205,7 +205,8 @@ def delete_topic(ctx: Context, topic: str, force: bool = False) -> int:
             return key not in keep
     else:
         _check_empty(ctx, topic)
-        garbage = (layout.leases_prefix(topic), layout.segment_leases_prefix(topic))
+        garbage = (layout.leases_prefix(topic), layout.segment_leases_prefix(topic),
+                   layout.dedup_prefix(topic))  # dedup markers: nobody would expire them
 
         def doomed(key: str) -> bool:
             return key.startswith(garbage) or key in (manifest, lock)
