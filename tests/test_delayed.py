@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pawn_queue_sync import Message, PawnQueue, StorageError, TopicNotEmptyError, cli, layout
-from pawn_queue_sync.queue import delayed
+from pawn_queue_sync.queue import promotion
 from pawn_queue_sync.queue.consumer import Consumer
 from tests.servers import deep_merge
 from tests.test_cli_regressions import Store, store  # noqa: F401  (the fixture)
@@ -238,7 +238,7 @@ def copied_not_deleted(pq: PawnQueue, faulty: Wrapped) -> str:
     end = time.monotonic() + DEADLINE
     while not pq.store.list(layout.messages_prefix(TOPIC)).objects:
         assert time.monotonic() < end, "never promoted"
-        delayed.promote_due(pq.context, TOPIC)  # copies, then "dies" before its delete
+        promotion.promote_due(pq.context, TOPIC)  # copies, then "dies" before its delete
     assert list(delayed_written(pq)) == [mid]
     faulty.fail_delete = lambda _key: False
     return mid
@@ -249,7 +249,7 @@ def test_a_promotion_interrupted_after_its_copy_is_finished_by_the_next(
 ) -> None:
     pq, faulty = wrapped
     mid = copied_not_deleted(pq, faulty)
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 1  # finds it copied
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 1  # finds it copied
     assert delayed_written(pq) == {}
     consumer = pq.register_consumer("c", [TOPIC])
     seen = Deliveries(pq)
@@ -270,7 +270,7 @@ def test_the_window_that_repeats_a_message_loses_none(
     faulty.fail_delete = lambda key: key.startswith(layout.delayed_prefix(TOPIC))
     consume(consumer, seen, {mid})  # consumed and acked while the delayed one stays
     faulty.fail_delete = lambda _key: False  # the stalled promoter, or another, goes on
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 1
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 1
     consume_times(consumer, seen, mid, 2)
     assert seen.count == {mid: 2}
     nothing_left(pq)

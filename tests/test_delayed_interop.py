@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pawn_queue_sync import PawnQueue, layout
-from pawn_queue_sync.queue import delayed
+from pawn_queue_sync.queue import promotion
 from tests.interop import pawnqueue_consume
 from tests.servers import deep_merge
 
@@ -26,7 +26,7 @@ def wait_promoted(pq: PawnQueue, want: int) -> None:
     end = time.monotonic() + DEADLINE
     while moved < want:
         assert time.monotonic() < end, f"{moved} of {want} promoted"
-        moved += delayed.promote_due(pq.context, TOPIC).promoted
+        moved += promotion.promote_due(pq.context, TOPIC).promoted
 
 
 def test_pawnqueue_sees_a_delayed_message_only_once_it_was_promoted(

@@ -16,7 +16,7 @@ from pawn_queue_sync import InvalidArgument, PayloadError, layout
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.errors import ConfigError
-from pawn_queue_sync.queue import delayed
+from pawn_queue_sync.queue import delayed, promotion
 from pawn_queue_sync.queue.core import PawnQueue
 from pawn_queue_sync.storage.base import Listing
 from pawn_queue_sync.storage.memory import MemoryStore
@@ -127,23 +127,23 @@ def test_a_delayed_message_is_promoted_exactly_at_last_modified_plus_delay(
     written = pq.store.head(key).last_modified
     assert keys(pq, "messages") == []
     clock.advance(10 - 1e-6)
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 0
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 0
     assert keys(pq, "messages") == []
     clock.advance(1e-6)
     assert pq.store.server_time() == written + timedelta(seconds=10)
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 1
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 1
     [moved] = keys(pq, "messages")
     assert layout.parse_message_key(TOPIC, moved) == mid and keys(pq, "delayed") == []
 
 
 def test_a_last_modified_given_to_the_second_waits_one_second_more() -> None:
     whole = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
-    assert not delayed.is_due(whole, 5000, whole + timedelta(seconds=5))
-    assert not delayed.is_due(whole, 5000, whole + timedelta(seconds=5.999))
-    assert delayed.is_due(whole, 5000, whole + timedelta(seconds=6))
+    assert not promotion.is_due(whole, 5000, whole + timedelta(seconds=5))
+    assert not promotion.is_due(whole, 5000, whole + timedelta(seconds=5.999))
+    assert promotion.is_due(whole, 5000, whole + timedelta(seconds=6))
     exact = whole + timedelta(microseconds=1)
-    assert delayed.is_due(exact, 5000, exact + timedelta(seconds=5))
-    assert not delayed.is_due(None, 1, whole) and not delayed.is_due(whole, 1, None)
+    assert promotion.is_due(exact, 5000, exact + timedelta(seconds=5))
+    assert not promotion.is_due(None, 1, whole) and not promotion.is_due(whole, 1, None)
 
 
 class NoServerTime(MemoryStore):
@@ -164,7 +164,7 @@ def test_without_a_server_time_nothing_is_promoted(clock: FakeClock) -> None:
         pq.create_topic(TOPIC)
         pq.register_producer("p").publish(TOPIC, {"n": 1}, delay_seconds=1)
         clock.advance(3600)  # the client's clock says it is long due
-        assert delayed.promote_due(pq.context, TOPIC).promoted == 0
+        assert promotion.promote_due(pq.context, TOPIC).promoted == 0
         assert keys(pq, "messages") == [] and len(keys(pq, "delayed")) == 1
     finally:
         pq.close()
@@ -186,8 +186,8 @@ def test_an_idle_topic_of_future_messages_costs_one_short_list_and_no_read(
         clock.advance(1.0)
     delayed_ops = {op: n for (op, section), n in ops.items() if section == "delayed"}
     assert delayed_ops == {"list": 5}, delayed_ops  # one pass an interval, one LIST each
-    result = delayed.promote_due(pq.context, TOPIC)
-    assert (result.lists, result.listed, result.promoted) == (1, delayed.FIRST_PAGE, 0)
+    result = promotion.promote_due(pq.context, TOPIC)
+    assert (result.lists, result.listed, result.promoted) == (1, promotion.FIRST_PAGE, 0)
 
 
 def test_promotion_reads_no_delayed_body_and_moves_with_a_copy_and_a_delete(
@@ -198,7 +198,7 @@ def test_promotion_reads_no_delayed_body_and_moves_with_a_copy_and_a_delete(
         producer.publish(TOPIC, {"n": i}, delay_seconds=5)
     clock.advance(5)
     ops.clear()
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 30
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 30
     # the memory store's hook names a copy by its destination; the lock: a PUT, a DELETE
     assert ops == {("list", "delayed"): 1, ("copy", "messages"): 30,
                    ("delete", "delayed"): 30, ("put", "delayed.lock"): 1,
@@ -225,7 +225,7 @@ def test_due_messages_behind_many_not_due_ones_are_reached(
     stopped."""
     producer = pq.register_producer("p")
     old = START - timedelta(days=3)
-    blockers = delayed.MAX_LISTED_PER_PASS + 50
+    blockers = promotion.MAX_LISTED_PER_PASS + 50
     for i in range(blockers):
         producer.publish(TOPIC, {"blocker": i}, created_at=old + timedelta(microseconds=i),
                          delay_seconds=86400)
@@ -244,7 +244,7 @@ def test_a_foreign_object_under_delayed_is_left_alone(pq: PawnQueue, clock: Fake
     pq.store.put(f"{TOPIC}/delayed/not-a-delayed-name.json", b"{}")
     mid = pq.register_producer("p").publish(TOPIC, {"n": 1}, delay_seconds=1)
     clock.advance(1)
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 1
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 1
     assert keys(pq, "delayed") == [f"{TOPIC}/delayed/not-a-delayed-name.json"]
     assert [layout.parse_message_key(TOPIC, k) for k in keys(pq, "messages")] == [mid]
 
@@ -277,14 +277,14 @@ def test_one_promoter_at_a_time_per_topic_and_a_dead_ones_lock_goes_stale(
     lets one move at a time. A lock whose holder died is taken over once stale."""
     mid = pq.register_producer("p").publish(TOPIC, {"n": 1}, delay_seconds=1)
     clock.advance(1)
-    held = delayed.PromotionLock.take(pq.context, TOPIC, pq.store.server_time())
+    held = promotion.PromotionLock.take(pq.context, TOPIC, pq.store.server_time())
     assert held is not None and held.token
-    blocked = delayed.promote_due(pq.context, TOPIC)
+    blocked = promotion.promote_due(pq.context, TOPIC)
     assert blocked.locked_out and blocked.promoted == 0 and keys(pq, "messages") == []
     clock.advance(pq.context.visibility)  # not stale yet (a grace beyond the timeout)
-    assert delayed.promote_due(pq.context, TOPIC).locked_out
+    assert promotion.promote_due(pq.context, TOPIC).locked_out
     clock.advance(5)  # its holder never came back
-    assert delayed.promote_due(pq.context, TOPIC).promoted == 1
+    assert promotion.promote_due(pq.context, TOPIC).promoted == 1
     assert [layout.parse_message_key(TOPIC, k) for k in keys(pq, "messages")] == [mid]
     assert pq.store.list(layout.delayed_lock_key(TOPIC)).objects == []
     assert not held.fresh()

@@ -21,7 +21,7 @@ from ..events import EventCallback
 from ..runtime.listen import Listener
 from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
-from . import dedup, delayed, registry
+from . import dedup, delayed, promotion, registry
 from .claimant import Claimant
 from .context import Context
 from .message import Message
@@ -73,7 +73,7 @@ class Consumer:
         #: expiry of the topics' dedup markers, now and then during polls
         self._markers = dedup.MarkerJanitor(ctx)
         #: moves due delayed messages to messages/, at most once a poll interval a topic
-        self._promoter = delayed.Promoter(
+        self._promoter = promotion.Promoter(
             ctx, lambda topic, _n: self._packed.singles_arrived(topic))
 
     @property
@@ -267,13 +267,9 @@ class Consumer:
         The count travels with the message (an ``attempts`` field), so any consumer
         that takes it next knows its ``delivery_count``.
 
-        With ``delay_seconds`` (up to ``publishing.max_delay_seconds``; a bad one is
-        InvalidArgument, nothing written) the message is delivered again no sooner
-        than that, by the server's clock: it is written as a delayed message first
-        (with its ``attempts``), then removed (a packed topic's: settled in its
-        segment), then the lease is dropped. A crash in between delivers it again;
-        nothing loses it. It comes back as a new object at the end of the topic (a
-        packed topic's as a single message).
+        With ``delay_seconds`` (up to ``publishing.max_delay_seconds``, else
+        InvalidArgument) it comes back no sooner than that by the server's clock, as a
+        delayed message written before this one is removed (:mod:`.delayed`).
         """
         _check_text("error", error)
         delay = delayed.check_delay(delay_seconds,
