@@ -286,6 +286,8 @@ class PoolMetrics:
         self._topics = list(topics)
         self._min_interval = min_interval
         self._made: str | None = None
+        #: the multiprocess directory, once started
+        self.path: str | None = None
         self._old_env: str | None = None
         self._server: MetricsServer | None = None
         self._pq: Any = None
@@ -304,6 +306,7 @@ class PoolMetrics:
         if not path:
             path = self._made = tempfile.mkdtemp(prefix="pawnq-metrics-")
             os.environ[MULTIPROC_ENV] = path
+        self.path = path
         registry = _multiprocess_registry(pc, path)
         registry.register(QueueDepthCollector(self._queue, self._topics,
                                               min_interval=self._min_interval))
@@ -348,10 +351,19 @@ class PoolMetrics:
                 os.environ[MULTIPROC_ENV] = self._old_env
 
     @staticmethod
-    def child_callback() -> PrometheusMetrics:
-        """A worker's ``on_event``: counts into the multiprocess directory its
-        supervisor set up (the environment it was started with)."""
-        if not os.environ.get(MULTIPROC_ENV):
-            raise PawnQueueError(f"{MULTIPROC_ENV} is not set: the worker's supervisor "
-                                 "did not set up multiprocess metrics")
+    def child_callback(path: str) -> PrometheusMetrics:
+        """A worker's ``on_event``: counts into ``path``, the multiprocess directory its
+        supervisor set up. Set here too, not only inherited: a forkserver child inherits
+        the environment of the fork server, started maybe before the supervisor set it
+        (and prometheus-client may have been imported there before, in the
+        single-process mode it then chose for good: switched here)."""
+        if not os.path.isdir(path):
+            raise PawnQueueError(f"the metrics directory {path!r} is gone: the worker's "
+                                 "supervisor did not set up multiprocess metrics")
+        os.environ[MULTIPROC_ENV] = path
+        require()
+        from prometheus_client import values
+
+        if values.ValueClass is values.MutexValue:  # imported before it was set
+            values.ValueClass = values.get_value_class()
         return PrometheusMetrics()

@@ -193,3 +193,52 @@ def test_a_port_in_use_stops_the_pool_before_any_worker_starts(tmp_path: Path) -
         assert pool.run() == RET_CONFIG
     assert pool.worker_pids() == {} and pool.restarts == 0
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ  # put back as it was
+
+
+def _noop() -> None:
+    """A process that does nothing (starts the fork server)."""
+
+
+@pytest.mark.slow
+def test_forkserver_workers_count_into_the_directory_their_supervisor_made(
+    tmp_path: Path,
+) -> None:
+    """The fork server is started before the pool sets PROMETHEUS_MULTIPROC_DIR, so its
+    children do not inherit it: the directory travels in their spec."""
+    import multiprocessing
+    import threading
+
+    from pawn_queue_sync.workers import RET_OK, WorkerPool
+
+    server = multiprocessing.get_context("forkserver").Process(target=_noop)
+    server.start()  # the fork server runs now, with no multiprocess directory set
+    server.join()
+    cfg = {"local": {"path": str(tmp_path / "store")},
+           "polling": {"interval_seconds": 0.2, "max_messages_per_poll": 5}}
+    with PawnQueue(load_config(cfg)) as pq:
+        pq.create_topic(TOPIC)
+        pq.register_producer("p").publish_batch(TOPIC, list(range(40)))
+        port = _free_port()
+        pool = WorkerPool(cfg, [TOPIC], "tests.test_metrics:handle", processes=2, threads=2,
+                          start_method="forkserver", metrics_port=port,
+                          metrics_addr="127.0.0.1", install_signal_handlers=False)
+        statuses: list[int] = []
+        runner = threading.Thread(target=lambda: statuses.append(pool.run()), daemon=True)
+        runner.start()
+        try:
+            deadline, acked, text = time.monotonic() + DEADLINE, None, ""
+            while acked != 40:
+                assert runner.is_alive(), statuses
+                assert time.monotonic() < deadline, f"acked {acked}\n{text}"
+                time.sleep(0.3)
+                try:
+                    text = _scrape(port)
+                except OSError:
+                    continue
+                acked = _sample(text, "pawnq_events_total", kind="acked", topic=TOPIC)
+        finally:
+            pool.stop()
+            runner.join(DEADLINE)
+        assert statuses == [RET_OK]
+        assert pq.stats(TOPIC).pending == 0
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ

@@ -50,8 +50,8 @@ class _ChildSpec:
     log_level: int
     index: int
     listener_options: dict[str, Any] = attrs.field(factory=dict)
-    #: count events into the supervisor's multiprocess metrics (PoolMetrics)
-    metrics: bool = False
+    #: the supervisor's multiprocess metrics directory to count events into (PoolMetrics)
+    metrics: str | None = None
 
 
 # -- the worker process --------------------------------------------------------------------
@@ -123,7 +123,7 @@ def _child_main(spec: _ChildSpec, ready: Any = None, stopping: Any = None,
         log.error("worker %s: %s", name, exc)
         sys.exit(RET_IMPORT)
     try:
-        on_event = PoolMetrics.child_callback() if spec.metrics else None
+        on_event = PoolMetrics.child_callback(spec.metrics) if spec.metrics else None
         pq = PawnQueue(load_config(spec.config), on_event=on_event).setup()
         consumer = pq.register_consumer(spec.consumer_name, list(spec.topics))
     except (StorageError, RegistrationError, OSError) as exc:

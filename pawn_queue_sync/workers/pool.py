@@ -266,7 +266,7 @@ class WorkerPool:
             log_level=self._log_level,
             index=index,
             listener_options=self._listener_options,
-            metrics=self._metrics is not None,
+            metrics=self._metrics.path if self._metrics is not None else None,
         )
 
     def _start(self, slot: _Slot) -> None:
