@@ -409,3 +409,19 @@ def test_no_message_segment_or_delayed_body_is_read() -> None:
         assert counts(s) == (1, 5, 0, 1)
         allowed = (layout.segment_leases_prefix(TOPIC), layout.REGISTRY_PREFIX)
         assert read and all(k.startswith(allowed) for k in read), read
+
+
+def test_stats_on_seaweedfs_and_moto(s3_config: dict[str, Any]) -> None:
+    """The marker-and-manifest LIST (prefix ``{topic}/.``, delimiter ``/``) and the
+    counts as each S3 server answers them."""
+    with PawnQueue.from_config(s3_config) as pq:
+        pq.create_topic("plain")
+        pq.create_topic("packed", packed=True)
+        producer = pq.register_producer("p")
+        producer.publish_batch("plain", [1, 2, 3])
+        producer.publish_batch("packed", [1, 2])
+        pq.store.put("plainer/.topicx", b"not a marker")  # a prefix that is no topic
+        found = {s.topic: (s.packed, *counts(s)) for s in pq.stats_all()}
+        assert found == {"plain": (False, 3, 0, 0, 0), "packed": (True, 2, 0, 0, 0)}
+        with pytest.raises(TopicNotFoundError):
+            pq.stats("plainer")
