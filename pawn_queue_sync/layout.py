@@ -218,12 +218,16 @@ def delayed_key(topic: str, due_ts: str, message_id: str, delay_ms: int) -> str:
 
 
 def parse_delayed_key(topic: str, key: str) -> DelayedName | None:
-    """The :class:`DelayedName` of a well-formed delayed key, or None for a foreign
-    object."""
+    """The :class:`DelayedName` of a well-formed delayed key (its time a real date), or
+    None for a foreign object."""
     prefix = delayed_prefix(topic)
     if not key.startswith(prefix):
         return None
     match = _DELAYED_NAME_RE.fullmatch(key[len(prefix) :])
     if match is None:
+        return None
+    try:
+        parse_sortable_timestamp(match.group("ts"))
+    except ValueError:  # digits of no date (a month 13)
         return None
     return DelayedName(match.group("ts"), match.group("id"), int(match.group("delay")))

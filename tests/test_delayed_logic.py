@@ -288,3 +288,17 @@ def test_one_promoter_at_a_time_per_topic_and_a_dead_ones_lock_goes_stale(
     assert [layout.parse_message_key(TOPIC, k) for k in keys(pq, "messages")] == [mid]
     assert pq.store.list(layout.delayed_lock_key(TOPIC)).objects == []
     assert not held.fresh()
+
+
+def test_a_foreign_key_shaped_like_a_delayed_one_with_no_such_date_breaks_no_poll(
+    pq: PawnQueue, clock: FakeClock
+) -> None:
+    """A key that matches the delayed name's pattern but is no date (month 13) is a
+    foreign object: left alone, and the polls that list it go on."""
+    odd = f"{TOPIC}/delayed/20261399T000000_000000-0b5f6a52-6c1e-4f8e-9c1f-0a5d2b7c9e11-d5.json"
+    pq.store.put(odd, b"{}")
+    mid = pq.register_producer("p").publish(TOPIC, {"n": 1}, delay_seconds=1)
+    clock.advance(1)
+    consumer = pq.register_consumer("c", [TOPIC])
+    assert [m.id for m in consumer.poll()] == [mid]
+    assert keys(pq, "delayed") == [odd]
