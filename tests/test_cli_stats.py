@@ -87,6 +87,27 @@ def test_watch_prints_a_json_line_per_refresh_until_ctrl_c(store: Store) -> None
     assert proc.returncode == cli.EXIT_OK and err == ""
 
 
+def test_watch_appends_a_table_per_refresh_into_a_pipe(local: Store) -> None:  # noqa: F811
+    local.publish(TOPIC, [1, 2, 3])
+    proc = subprocess.Popen(local.argv("stats", "--watch", "0.2"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=local.env(buffered=False),
+                            cwd=local.tmp_path)
+    try:
+        assert proc.stdout is not None
+        tables = 0
+        while tables < 2:  # two refreshes, one after the other
+            line = proc.stdout.readline()
+            assert line, "the watch ended by itself"
+            if line.split()[:3] == [TOPIC, "plain", "3"]:
+                tables += 1
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == cli.EXIT_OK and err == ""
+    assert "\x1b" not in out  # no terminal codes into a pipe
+
+
 def test_watch_redraws_in_place_on_a_terminal(local: Store) -> None:  # noqa: F811
     local.publish(TOPIC, [1])
     leader, follower = pty.openpty()

@@ -23,7 +23,8 @@ EXIT_HANDLER_IMPORT = 5
 #: ``worker``: workers kept failing to start (each died before its first poll), so the
 #: pool gave up (``RET_START_FAILED``).
 EXIT_WORKERS_FAILED_TO_START = 6
-#: Interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
+#: Interrupted by Ctrl-C (128 + SIGINT, as a shell reports it); ``stats --watch``, which
+#: Ctrl-C is the way to end, exits ``EXIT_OK`` instead.
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 #: Standard output was closed by its reader (``pawnq ... | head``): 128 + SIGPIPE, the
 #: status a shell shows for a tool that SIGPIPE stopped; nothing is printed.
