@@ -23,6 +23,8 @@ from .shared import CliError, emit, open_queue
 
 #: The environment variable that sets the dashboard's token.
 TOKEN_ENV = "PAWNQ_DASHBOARD_TOKEN"
+#: Seconds the command waits for the first poll before it prints the address anyway.
+FIRST_POLL_WAIT = 30.0
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -63,6 +65,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
         with dash:
+            # the address once the first poll is done (at most FIRST_POLL_WAIT seconds): a
+            # page opened then shows the topics at once, and a failing store says so here
+            dash.poller.wait_for_polls(1, timeout=FIRST_POLL_WAIT)
+            error = dash.poller.snapshot()["error"]
+            if error:
+                print(f"pawnq dashboard: the first poll failed: {error}", file=sys.stderr)
             mode = "actions allowed" if args.allow_actions else "read-only"
             emit(f"pawnq dashboard on {dash.store}: {dash.url} ({mode})",
                  f"the bucket is read at most once every {dash.poller.interval:g} s, only "
