@@ -4,6 +4,7 @@ manual FakeClock, so "not a microsecond early" is exact."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pawn_queue_sync import InvalidArgument, PayloadError, layout
+from pawn_queue_sync import InvalidArgument, PayloadError, StorageError, layout
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.errors import ConfigError
@@ -302,3 +303,29 @@ def test_a_foreign_key_shaped_like_a_delayed_one_with_no_such_date_breaks_no_pol
     consumer = pq.register_consumer("c", [TOPIC])
     assert [m.id for m in consumer.poll()] == [mid]
     assert keys(pq, "delayed") == [odd]
+
+
+def test_a_failed_promotion_pass_breaks_no_poll_and_warns_when_it_persists(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = {"on": True}
+
+    def hook(op: str, key: str) -> None:
+        if failing["on"] and op == "list" and key.startswith(f"{TOPIC}/delayed/"):
+            raise StorageError("injected: no listing")
+
+    with memory_queue({"polling": {"interval_seconds": 1.0}}, topics=[TOPIC], clock=clock,
+                      hooks=hook) as pq:
+        producer = pq.register_producer("p")
+        later = producer.publish(TOPIC, {"n": 1}, delay_seconds=1)
+        now = producer.publish(TOPIC, {"n": 2})
+        consumer = pq.register_consumer("c", [TOPIC])
+        with caplog.at_level(logging.INFO, logger="pawn_queue_sync.queue.promotion"):
+            assert [m.id for m in consumer.poll()] == [now]  # the pass failed: still served
+            clock.advance(1)
+            assert consumer.poll() == []
+        levels = [r.levelno for r in caplog.records if "delayed messages" in r.getMessage()]
+        assert levels == [logging.INFO, logging.WARNING]
+        failing["on"] = False
+        clock.advance(1)
+        assert [m.id for m in consumer.poll()] == [later]

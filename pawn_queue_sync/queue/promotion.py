@@ -242,11 +242,12 @@ def _promote_one(ctx: Context, topic: str, key: str, name: layout.DelayedName) -
 
 @attrs.define
 class _TopicPromotion:
-    """A consumer's promotion of one topic: when (monotonic) it last ran, and the
-    key its next pass starts after."""
+    """A consumer's promotion of one topic: when (monotonic) it last ran, the key its
+    next pass starts after, and how many passes in a row failed."""
 
     at: float = -math.inf
     cursor: str | None = None
+    failures: int = 0
 
 
 class Promoter:
@@ -264,7 +265,9 @@ class Promoter:
 
     def run_due(self, topic: str) -> int:
         """A pass over ``topic`` if none ran within a poll interval; how many messages
-        it moved. A failure only logs (the next pass, an interval later, tries again)."""
+        it moved. A failure only logs (the next pass, an interval later, tries again):
+        the first at INFO (a store failing this listing fails the poll too, which warns),
+        a second in a row as a WARNING."""
         state = self._topics.get(topic)
         if state is None:
             state = self._topics.setdefault(topic, _TopicPromotion())
@@ -275,9 +278,12 @@ class Promoter:
         try:
             result = promote_due(self._ctx, topic, start_after=state.cursor, rng=self._rng)
         except StorageError as exc:
-            log.warning("could not list delayed messages of %r: %s", topic, exc)
+            state.failures += 1
+            log.log(logging.WARNING if state.failures > 1 else logging.INFO,
+                    "could not list delayed messages of %r (%d time(s) in a row): %s",
+                    topic, state.failures, exc)
             return 0
-        state.cursor = result.cursor
+        state.cursor, state.failures = result.cursor, 0
         if result.promoted and self._on_promoted is not None:
             self._on_promoted(topic, result.promoted)
         return result.promoted
