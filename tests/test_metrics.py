@@ -242,3 +242,13 @@ def test_forkserver_workers_count_into_the_directory_their_supervisor_made(
         assert statuses == [RET_OK]
         assert pq.stats(TOPIC).pending == 0
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+
+
+@pytest.mark.parametrize("port", ["-1", "65536", "http"])
+def test_pawnq_worker_refuses_a_bad_metrics_port_as_a_usage_error(port: str) -> None:
+    from pawn_queue_sync.cli import main as pawnq_main
+
+    with pytest.raises(SystemExit) as stopped:
+        pawnq_main(["worker", "tests.test_metrics:handle", "--topic", TOPIC,
+                    "--metrics-port", port])
+    assert stopped.value.code == 2
