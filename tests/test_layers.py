@@ -24,7 +24,8 @@ LAYERS: dict[str, int] = {
     "protocol": 3,
     "runtime": 4,
     "queue": 5,
-    "workers": 6, "spark": 6, "cli": 6, "dashboard": 6, "metrics": 6, "testing": 6, "__main__": 6, "__init__": 6,
+    "workers": 6, "spark": 6, "cli": 6, "dashboard": 6, "metrics": 6, "testing": 6,
+    "__main__": 6, "__init__": 6,
 }
 
 #: Imports that reach up on purpose, each with its reason.
