@@ -331,3 +331,22 @@ def test_pawnq_publish_delay(store: Store) -> None:  # noqa: F811
     assert len(lines) == 1 and "PayloadError" in lines[0] and "max_delay" in lines[0], lines
     with store.queue() as pq:
         assert {o.key for o in pq.store.list("").objects} == before
+
+
+def test_delayed_and_retried_on_both_servers(s3_config: dict[str, Any]) -> None:
+    """moto too (it ignores If-None-Match on a copy: a second promoter's copy would
+    overwrite, not be refused; one promoter here): each message once, none early."""
+    with PawnQueue(deep_merge(s3_config, {"polling": {"interval_seconds": 0.05}})) as pq:
+        pq.create_topic(TOPIC)
+        producer = pq.register_producer("p")
+        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=1) for i in range(5)}
+        written = delayed_written(pq)
+        consumer = pq.register_consumer("c", [TOPIC])
+        first = Deliveries(pq)
+        consume(consumer, first, ids, lambda m: m.retry(delay_seconds=1, error="again"))
+        not_early(first, written, 1)
+        again = Deliveries(pq)
+        consume(consumer, again, ids)
+        assert set(first.count.values()) == set(again.count.values()) == {1}
+        assert all(again.counts[m] == [2] for m in ids)
+        nothing_left(pq)
