@@ -37,6 +37,15 @@ def delayed_written(pq: PawnQueue, topic: str = TOPIC) -> dict[str, datetime]:
     return out
 
 
+def publish_delayed(pq: PawnQueue, n: int, delay: float) -> tuple[set[str], dict[str, datetime]]:
+    """``n`` messages published delayed by ``delay`` into a new topic: their ids, and
+    their delayed objects' LastModified by id."""
+    pq.create_topic(TOPIC)
+    producer = pq.register_producer("p")
+    ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=delay) for i in range(n)}
+    return ids, delayed_written(pq)
+
+
 class Deliveries:
     """Every delivery a test's consumers got, by id, with the promoted object's
     LastModified when it was a message of its own (read before it is settled)."""
@@ -119,10 +128,7 @@ def test_delayed_messages_come_once_and_never_early(config: dict[str, Any],  # n
 
 def test_a_listener_gets_delayed_messages_once_due(config: dict[str, Any]) -> None:  # noqa: F811
     with PawnQueue(config) as pq:
-        pq.create_topic(TOPIC)
-        producer = pq.register_producer("p")
-        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=2) for i in range(10)}
-        written = delayed_written(pq)
+        ids, written = publish_delayed(pq, 10, 2)
         seen = Deliveries(pq)
         done = threading.Event()
 
@@ -201,10 +207,7 @@ def test_a_delayed_retry_counts_towards_max_delivery_count(config: dict[str, Any
 
 def test_many_promoters_at_once_deliver_each_message_once(config: dict[str, Any]) -> None:  # noqa: F811
     with PawnQueue(config) as pq:
-        pq.create_topic(TOPIC)
-        producer = pq.register_producer("p")
-        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=2) for i in range(120)}
-        written = delayed_written(pq)
+        ids, written = publish_delayed(pq, 120, 2)
         seen = Deliveries(pq)
         consumers = [pq.register_consumer(f"c{i}", [TOPIC]) for i in range(6)]
         errors: list[BaseException] = []
@@ -337,10 +340,7 @@ def test_delayed_and_retried_on_both_servers(s3_config: dict[str, Any]) -> None:
     """moto too (it ignores If-None-Match on a copy: a second promoter's copy would
     overwrite, not be refused; one promoter here): each message once, none early."""
     with PawnQueue(deep_merge(s3_config, {"polling": {"interval_seconds": 0.05}})) as pq:
-        pq.create_topic(TOPIC)
-        producer = pq.register_producer("p")
-        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=1) for i in range(5)}
-        written = delayed_written(pq)
+        ids, written = publish_delayed(pq, 5, 1)
         consumer = pq.register_consumer("c", [TOPIC])
         first = Deliveries(pq)
         consume(consumer, first, ids, lambda m: m.retry(delay_seconds=1, error="again"))
