@@ -220,8 +220,8 @@ NON_DEFAULTS: dict[str, Any] = {
     "publishing.max_segment_messages": 18,
     "publishing.max_segment_bytes": 2_000_000,
     "publishing.linger_ms": 19,
-    "publishing.dedup_window_seconds": 20.0,
     "publishing.max_delay_seconds": 3600.0,
+    "publishing.dedup_window_seconds": 20.0,
 }
 #: pawn-queue's builder spells two settings otherwise: ``s3(access_key=, secret_key=)``.
 BUILDER_NAMES = {"s3.aws_access_key_id": "access_key", "s3.aws_secret_access_key": "secret_key"}
@@ -318,8 +318,8 @@ OUR_ENV_NAMES = {
     "publishing.max_segment_messages": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_MESSAGES",
     "publishing.max_segment_bytes": "PAWNQUEUE_PUBLISHING_MAX_SEGMENT_BYTES",
     "publishing.linger_ms": "PAWNQUEUE_PUBLISHING_LINGER_MS",
-    "publishing.dedup_window_seconds": "PAWNQUEUE_PUBLISHING_DEDUP_WINDOW_SECONDS",
     "publishing.max_delay_seconds": "PAWNQUEUE_PUBLISHING_MAX_DELAY_SECONDS",
+    "publishing.dedup_window_seconds": "PAWNQUEUE_PUBLISHING_DEDUP_WINDOW_SECONDS",
 }
 
 
