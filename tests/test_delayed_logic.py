@@ -17,7 +17,7 @@ from pawn_queue_sync import InvalidArgument, PayloadError, StorageError, layout
 from pawn_queue_sync.clock import FakeClock
 from pawn_queue_sync.config import load_config
 from pawn_queue_sync.errors import ConfigError
-from pawn_queue_sync.queue import delayed, promotion
+from pawn_queue_sync.queue import delayed, idle, promotion
 from pawn_queue_sync.queue.core import PawnQueue
 from pawn_queue_sync.storage.base import Listing
 from pawn_queue_sync.storage.memory import MemoryStore
@@ -174,21 +174,27 @@ def test_without_a_server_time_nothing_is_promoted(clock: FakeClock) -> None:
 # -- what a pass costs and reads -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("n", [10, 1000])
 def test_an_idle_topic_of_future_messages_costs_one_short_list_and_no_read(
-    pq: PawnQueue, clock: FakeClock, ops: Counter[tuple[str, str]]
+    pq: PawnQueue, clock: FakeClock, ops: Counter[tuple[str, str]], n: int
 ) -> None:
+    """Each idle poll: one LIST of the topic from delayed/ on (the promotion reads its
+    first page: no LIST of delayed/ of its own, no GET); with 1,000 delayed keys, which
+    fill that page before messages/, one LIST of messages/ too. Regression (issue 16):
+    with 10 it cost a LIST of messages/ and one of delayed/."""
     producer = pq.register_producer("p")
-    for i in range(1000):
+    for i in range(n):
         producer.publish(TOPIC, {"n": i}, delay_seconds=3600 + i)
     consumer = pq.register_consumer("c", [TOPIC])
     ops.clear()
     for _ in range(5):
         assert consumer.poll() == []
         clock.advance(1.0)
-    delayed_ops = {op: n for (op, section), n in ops.items() if section == "delayed"}
-    assert delayed_ops == {"list": 5}, delayed_ops  # one pass an interval, one LIST each
+    cut = n > idle.PAGE
+    assert ops == {("list", ""): 5, **({("list", "messages"): 5} if cut else {})}, ops
     result = promotion.promote_due(pq.context, TOPIC)
-    assert (result.lists, result.listed, result.promoted) == (1, promotion.FIRST_PAGE, 0)
+    assert (result.lists, result.listed, result.promoted) == (
+        1, min(n, promotion.FIRST_PAGE), 0)
 
 
 def test_promotion_reads_no_delayed_body_and_moves_with_a_copy_and_a_delete(
@@ -209,12 +215,16 @@ def test_promotion_reads_no_delayed_body_and_moves_with_a_copy_and_a_delete(
 def test_a_consumer_promotes_at_most_once_a_poll_interval_per_topic(
     pq: PawnQueue, clock: FakeClock, ops: Counter[tuple[str, str]]
 ) -> None:
+    producer = pq.register_producer("p")
+    producer.publish_batch(TOPIC, [{"n": n} for n in range(20)])
     consumer = pq.register_consumer("c", [TOPIC])
     ops.clear()
     for _ in range(10):
-        consumer.poll()
+        assert len(consumer.poll(max_messages=1)) == 1  # busy: found messages each time
         clock.advance(0.25)  # 2.5 s in all: passes at 0, 1 and 2 s
-    assert ops[("list", "delayed")] == 3
+    # the first poll (idle: none before it) read the idle LIST's page of delayed/; the
+    # busy ones list delayed/ at 1 and 2 s
+    assert (ops[("list", "")], ops[("list", "delayed")]) == (1, 2), ops
 
 
 def test_due_messages_behind_many_not_due_ones_are_reached(
@@ -318,10 +328,15 @@ def test_a_failed_promotion_pass_breaks_no_poll_and_warns_when_it_persists(
                       hooks=hook) as pq:
         producer = pq.register_producer("p")
         later = producer.publish(TOPIC, {"n": 1}, delay_seconds=1)
-        now = producer.publish(TOPIC, {"n": 2})
+        first = producer.publish(TOPIC, {"n": 2})
+        second = producer.publish(TOPIC, {"n": 3})
         consumer = pq.register_consumer("c", [TOPIC])
         with caplog.at_level(logging.INFO, logger="pawn_queue_sync.queue.promotion"):
-            assert [m.id for m in consumer.poll()] == [now]  # the pass failed: still served
+            # the first poll is idle: its one LIST of the topic serves the promotion
+            assert [m.id for m in consumer.poll(max_messages=1)] == [first]
+            clock.advance(1)
+            # busy: the pass lists delayed/ and fails; the poll is still served
+            assert [m.id for m in consumer.poll(max_messages=1)] == [second]
             clock.advance(1)
             assert consumer.poll() == []
         levels = [r.levelno for r in caplog.records if "delayed messages" in r.getMessage()]

@@ -21,7 +21,7 @@ from ..events import EventCallback
 from ..runtime.listen import Listener
 from ..runtime.options import ListenOptions, resolve_options
 from ..runtime.refresher import LeaseRefresher
-from . import dedup, delayed, promotion, registry
+from . import dedup, delayed, idle, promotion, registry
 from .claimant import Claimant
 from .context import Context
 from .message import Message
@@ -130,9 +130,9 @@ class Consumer:
                 break
             topic = self._topics[(start + i) % len(self._topics)]
             self._markers.run_due(topic)
-            self._promoter.run_due(topic)  # due delayed messages first: taken now
             try:
-                got.extend(self._polled(topic).poll(topic, want - len(got)))
+                got.extend(idle.poll_topic(self._ctx, topic, want - len(got),
+                                           self._polled(topic), self._promoter, self._packed))
             except StorageError as exc:  # claims made elsewhere are kept, never dropped
                 failed.append((topic, exc))
                 self._claimant.emit("poll_error", topic, None, error=str(exc))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from .. import layout
 from ..protocol import lease as leases
+from ..storage.base import Listing
 from . import claims, planning, reaping, settle
 from .claimant import Claimant
 from .message import Message
@@ -42,8 +43,10 @@ class ObjectSource:
 
     # -- polling ----------------------------------------------------------------------------
 
-    def poll(self, topic: str, want: int) -> list[Message]:
-        """Claim up to ``want`` pending messages of ``topic`` (see the module)."""
+    def poll(self, topic: str, want: int, listed: Listing | None = None) -> list[Message]:
+        """Claim up to ``want`` pending messages of ``topic`` (see the module).
+        ``listed``: its messages as an idle poll's listing just showed them (used by an
+        idle poll in place of its first LIST; listed again if cut short)."""
         claimant, state = self._claimant, self.state(topic)
         store = claimant.ctx.store
         prefix = layout.messages_prefix(topic)
@@ -59,7 +62,7 @@ class ObjectSource:
             # only once the registry is asked, and a page is not listed twice.
             seen = state.leases_seen
             window = planning.window(want, seen, contended or known is None)
-            listing = store.list(prefix, limit=planning.listing_limit(window, seen))
+            listing = listed or store.list(prefix, limit=planning.listing_limit(window, seen))
             if not listing.objects:
                 return []
             if known is None:
@@ -99,6 +102,10 @@ class ObjectSource:
             got = claims.claim_each(claimant, topic, candidates)
         state.claimed(rivals, len(got), len(candidates), claimant.rng)
         return got
+
+    def idle(self, topic: str) -> bool:
+        """Our last poll of ``topic`` found no pending message (or none ran yet)."""
+        return self.state(topic).idle
 
     def _claims_in_batches(self) -> bool:
         """csprng_verify on a server whose LIST is consistent: one batch claim per poll."""

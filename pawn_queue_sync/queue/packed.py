@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from .. import layout
 from ..errors import LeaseLostError, StorageError
 from ..protocol import lease as leases
+from ..storage.base import Listing
 from . import delayed
 from .claimant import Claimant
 from .held import HeldSegment
@@ -53,8 +54,9 @@ class PackedSource:
 
     # -- polling ----------------------------------------------------------------------------
 
-    def poll(self, topic: str, want: int) -> list[Message]:
-        """Up to ``want`` messages of ``topic``: from segments first, then single ones."""
+    def poll(self, topic: str, want: int, listed: Listing | None = None) -> list[Message]:
+        """Up to ``want`` messages of ``topic``: from segments first, then single ones
+        (``listed``: as an idle poll's listing just showed them, see ObjectSource)."""
         state = self.state(topic)
         with state.lock:
             got = self._from_segments(topic, state, want)
@@ -64,7 +66,7 @@ class PackedSource:
         due = state.singles_found or now - state.singles_at >= ctx.config.polling.interval_seconds
         if rest > 0 and (due or not got):
             try:
-                singles = self._objects.poll(topic, rest)
+                singles = self._objects.poll(topic, rest, listed)
             except StorageError as exc:
                 if not got:
                     raise
@@ -73,6 +75,13 @@ class PackedSource:
             state.singles_at, state.singles_found = now, bool(singles)
             got.extend(singles)
         return got
+
+    def idle(self, topic: str) -> bool:
+        """Our last polls of ``topic`` found no segment and no single message, and we
+        hold no segment there."""
+        state = self.state(topic)
+        return (state.idle and self._objects.idle(topic)
+                and all(s.done or s.lost for s in state.held))
 
     def singles_arrived(self, topic: str) -> None:
         """Single messages were just added to ``topic`` (due delayed ones moved to

@@ -19,7 +19,9 @@ pass's copy finds the message there (or, consumed meanwhile, writes it again: th
 window that repeats a message, docs/guarantees.md; none loses one).
 
 Costs: one COPY and one DELETE per message; the lock's PUT and DELETE per pass that
-finds some due; an idle topic one LIST per consumer per poll interval.
+finds some due. An idle topic's pass costs nothing of its own: it reads the first
+page of the idle poll's one LIST (:mod:`.idle`), so an idle topic costs one LIST per
+consumer per poll interval in all.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import attrs
 from .. import layout
 from ..errors import ConditionFailed, ObjectNotFound, StorageError
 from ..protocol import lease as leases
-from ..storage.base import ObjectInfo
+from ..storage.base import Listing, ObjectInfo
 from .context import Context
 
 __all__ = [
@@ -90,11 +92,14 @@ class PromotionPass:
 
 def promote_due(ctx: Context, topic: str, *, start_after: str | None = None,
                 max_listed: int = MAX_LISTED_PER_PASS,
-                rng: random.Random | None = None) -> PromotionPass:
+                rng: random.Random | None = None,
+                first: Listing | None = None) -> PromotionPass:
     """Move the due delayed messages of ``topic`` to ``messages/`` (see the module):
     one pass from ``start_after`` (None: the start), under the topic's promotion lock
-    once it has found one due. Raises StorageError if a LIST fails; a failed move
-    only logs (the message stays delayed for the next pass)."""
+    once it has found one due. ``first``: the pass's first page, already listed (an
+    idle poll's, :mod:`.idle`: the first delayed keys, ``truncated`` if more may
+    follow). Raises StorageError if a LIST fails; a failed move only logs (the
+    message stays delayed for the next pass)."""
     store = ctx.store
     prefix = layout.delayed_prefix(topic)
     promoted = listed = lists = 0
@@ -102,9 +107,12 @@ def promote_due(ctx: Context, topic: str, *, start_after: str | None = None,
     lock: PromotionLock | None = None
     try:
         while True:
-            listing = store.list(prefix, limit=min(limit, max_listed - listed),
-                                 start_after=start_after)
-            lists += 1
+            if first is not None:
+                listing, first = first, None
+            else:
+                listing = store.list(prefix, limit=min(limit, max_listed - listed),
+                                     start_after=start_after)
+                lists += 1
             now = listing.server_time
             if now is None and listing.objects:
                 now = store.server_time()
@@ -263,20 +271,25 @@ class Promoter:
         #: told (topic, count) after a pass that moved messages
         self._on_promoted = on_promoted
 
-    def run_due(self, topic: str) -> int:
-        """A pass over ``topic`` if none ran within a poll interval; how many messages
-        it moved. A failure only logs (the next pass, an interval later, tries again):
-        the first at INFO (a store failing this listing fails the poll too, which warns),
-        a second in a row as a WARNING."""
+    def run_due(self, topic: str, first: Listing | None = None) -> int:
+        """A pass over ``topic`` if none ran within a poll interval, or on ``first``
+        (an idle poll's page of the first delayed keys: a pass that lists nothing
+        itself unless all of them are due) unless a cut pass is to go on from where it
+        stopped; how many messages it moved. A failure only logs (the next pass, an
+        interval later, tries again): the first at INFO (a store failing this listing
+        fails the poll too, which warns), a second in a row as a WARNING."""
         state = self._topics.get(topic)
         if state is None:
             state = self._topics.setdefault(topic, _TopicPromotion())
         now = self._ctx.clock.monotonic()
-        if now - state.at < self._ctx.config.polling.interval_seconds:
-            return 0
+        if first is None or state.cursor is not None:
+            first = None
+            if now - state.at < self._ctx.config.polling.interval_seconds:
+                return 0
         state.at = now
         try:
-            result = promote_due(self._ctx, topic, start_after=state.cursor, rng=self._rng)
+            result = promote_due(self._ctx, topic, start_after=state.cursor, rng=self._rng,
+                                 first=first)
         except StorageError as exc:
             state.failures += 1
             log.log(logging.WARNING if state.failures > 1 else logging.INFO,

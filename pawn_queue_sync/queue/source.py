@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..storage.base import Listing
 from .message import Message
 
 
@@ -24,9 +25,17 @@ class MessageSource(Protocol):
     ones raise :class:`~pawn_queue_sync.errors.LeaseLostError` as the consumer's
     methods of the same names document."""
 
-    def poll(self, topic: str, want: int) -> list[Message]:
+    def poll(self, topic: str, want: int, listed: Listing | None = None) -> list[Message]:
         """Plan and claim up to ``want`` (> 0) messages of ``topic``, each bound to the
-        consumer and counted in flight."""
+        consumer and counted in flight. ``listed``: the topic's pending single messages
+        as an idle poll's listing (:mod:`.idle`) just showed them, None if not known."""
+        ...
+
+    def idle(self, topic: str) -> bool:
+        """Our last poll of ``topic`` found nothing to claim (or there was none yet),
+        and nothing is held there to hand out without a listing: the next poll may
+        first look with one LIST of the whole topic (:mod:`.idle`). Optional: a source
+        without it is polled as it was (its ``poll`` never gets ``listed``)."""
         ...
 
     def janitor(self, topic: str) -> int:
