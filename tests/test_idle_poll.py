@@ -249,3 +249,31 @@ def test_pages_cut_by_many_delayed_keys_or_leases_lose_and_repeat_nothing(
         assert backlog <= set(seen) and set(seen.values()) == {1}
         left = pq.store.list(layout.delayed_prefix(TOPIC)).objects
         assert len(left) == idle.PAGE + 20  # only the far ones
+
+
+def test_a_cut_page_of_delayed_keys_near_due_lists_delayed_at_most_once_an_interval(
+    clock: FakeClock
+) -> None:
+    """More delayed keys than a page, all within the promotion's horizon but none due:
+    idle polls in a tight loop read the page each time, but the pass that lists
+    delayed/ beyond it runs at most once a poll interval (as before the idle LIST); once
+    due, each is delivered once."""
+    ops: Counter[str] = Counter()
+    with _queue(clock, ops) as pq:
+        producer = pq.register_producer("p")
+        ids = {producer.publish(TOPIC, {"n": i}, delay_seconds=60)
+               for i in range(idle.PAGE + 20)}
+        consumer = pq.register_consumer("c", [TOPIC])
+        ops.clear()
+        for _ in range(8):
+            assert consumer.poll() == []
+            clock.advance(0.25)  # 2 s in all: passes at 0 and 1 s
+        assert ops["list "] == 8 and ops["list delayed"] == 2, ops
+        clock.advance(60)
+        seen: Counter[str] = Counter()
+        for _ in range(20):
+            for msg in consumer.poll():
+                seen[msg.id] += 1
+                msg.ack()
+            clock.advance(0.5)
+        assert set(seen) == ids and set(seen.values()) == {1}

@@ -274,17 +274,19 @@ class Promoter:
     def run_due(self, topic: str, first: Listing | None = None) -> int:
         """A pass over ``topic`` if none ran within a poll interval, or on ``first``
         (an idle poll's page of the first delayed keys: a pass that lists nothing
-        itself unless all of them are due) unless a cut pass is to go on from where it
-        stopped; how many messages it moved. A failure only logs (the next pass, an
+        itself unless the page is cut with all of it near due, which waits for the
+        interval too) unless a cut pass is to go on from where it stopped; how many
+        messages it moved. A failure only logs (the next pass, an
         interval later, tries again): the first at INFO (a store failing this listing
         fails the poll too, which warns), a second in a row as a WARNING."""
         state = self._topics.get(topic)
         if state is None:
             state = self._topics.setdefault(topic, _TopicPromotion())
         now = self._ctx.clock.monotonic()
-        if first is None or state.cursor is not None:
-            first = None
-            if now - state.at < self._ctx.config.polling.interval_seconds:
+        recent = now - state.at < self._ctx.config.polling.interval_seconds
+        if first is None or state.cursor is not None or (first.truncated and recent):
+            first = None  # a pass that may list delayed/ itself: once an interval
+            if recent:
                 return 0
         state.at = now
         try:
