@@ -28,9 +28,13 @@ Servers without If-None-Match (the ``csprng_verify`` strategy) cannot make the c
 race-free: a deduplicated publish there is refused with PublishError before anything is
 written (docs/operations.md says why).
 
-Expired markers are removed by consumers (:class:`MarkerJanitor`): one LIST of the
-topic's ``dedup/`` prefix (at most :data:`EXPIRE_PER_RUN` keys, carrying on from the last
-run's key), one DeleteObjects of the expired ones, each If-Match the listed ETag.
+A marker records the first writer's delay (``delay_seconds``), so a completion writes
+the very key it did, whatever delay the completing call asks for.
+
+Expired markers are removed by producers (from their first deduplicated publish on a
+topic) and consumers (:class:`MarkerJanitor`): one LIST of the topic's ``dedup/``
+prefix (at most :data:`EXPIRE_PER_RUN` keys, carrying on from the last run's key), one
+DeleteObjects of the expired ones, each If-Match the listed ETag.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 from collections.abc import Callable
 from datetime import datetime
@@ -112,20 +117,37 @@ def marker_key(topic: str, dedup_id: str) -> str:
 
 @attrs.frozen
 class _Marker:
-    """A marker's content; each write gets a fresh nonce (its own ETag)."""
+    """A marker's content; each write gets a fresh nonce (its own ETag). ``delay`` is
+    the first writer's delay in seconds (None: none), so a publish that completes it
+    writes the very key the first writer did (a delayed key depends on the delay);
+    ``delay_known`` is False for a marker of a version that did not record it (the
+    completing publish's own delay is used then)."""
 
     dedup_id: str
     message_id: str
     created_at: str
     state: str
     nonce: str = attrs.field(factory=lambda: secrets.token_hex(16))
+    delay: float | None = None
+    delay_known: bool = True
 
     def encode(self) -> bytes:
-        return layout.canonical_json(attrs.asdict(self))
+        doc = attrs.asdict(self)
+        del doc["delay_known"]
+        doc["delay_seconds"] = doc.pop("delay")
+        if not self.delay_known:
+            del doc["delay_seconds"]
+        return layout.canonical_json(doc)
 
     def now(self, state: str) -> _Marker:
         """This marker in ``state``, with a fresh nonce."""
-        return _Marker(self.dedup_id, self.message_id, self.created_at, state)
+        return _Marker(self.dedup_id, self.message_id, self.created_at, state,
+                       delay=self.delay, delay_known=self.delay_known)
+
+    def write_delay(self, asked: float | None) -> float | None:
+        """The delay a write of this marker's message uses: the recorded one, else
+        ``asked`` (the caller's)."""
+        return self.delay if self.delay_known else asked
 
     @classmethod
     def decode(cls, body: bytes) -> _Marker | None:
@@ -141,7 +163,13 @@ class _Marker:
             return None
         if fields["state"] not in ("writing", "written", "failed"):
             return None
-        return cls(**fields)
+        known = "delay_seconds" in doc
+        delay = doc.get("delay_seconds")
+        if delay is not None and (isinstance(delay, bool)
+                                  or not isinstance(delay, (int, float)) or delay <= 0):
+            return None
+        return cls(**fields, delay=None if delay is None else float(delay),
+                   delay_known=known)
 
 
 def _age(got: GetResult) -> float | None:
@@ -163,14 +191,20 @@ def _require_conditional(ctx: Context, topic: str) -> None:
         )
 
 
+#: ``write(message_id, created_at, delay)``: store the message, its id back.
+Write = Callable[[str, datetime, "float | None"], str]
+
+
 def publish_once(ctx: Context, topic: str, dedup_id: str, message_id: str,
-                 created_at: datetime, write: Callable[[str, datetime], str]) -> str:
-    """Publish through ``write(message_id, created_at)`` unless ``dedup_id`` was
+                 created_at: datetime, write: Write, delay: float | None = None) -> str:
+    """Publish through ``write(message_id, created_at, delay)`` unless ``dedup_id`` was
     published on ``topic`` within the window; the message id either way (the first
-    publish's, for every caller that shares its dedup id within the window)."""
+    publish's, for every caller that shares its dedup id within the window). A
+    publish that completes another's (failed, or its writer dead) writes with that
+    one's id, ``created_at`` and delay, as recorded in the marker: the same key."""
     _require_conditional(ctx, topic)
     key = marker_key(topic, dedup_id)
-    mine = _Marker(dedup_id, message_id, layout.iso(created_at), "writing")
+    mine = _Marker(dedup_id, message_id, layout.iso(created_at), "writing", delay=delay)
     clock = ctx.clock
     give_up = clock.monotonic() + WAIT_SECONDS
     backoff = _FIRST_BACKOFF
@@ -204,12 +238,12 @@ class _Watch:
 
 
 def _attempt(ctx: Context, topic: str, key: str, mine: _Marker,
-             write: Callable[[str, datetime], str], watch: _Watch) -> str | None:
+             write: Write, watch: _Watch) -> str | None:
     """One round of :func:`publish_once`: the message id, or None to wait and look
     again (another writes it, or the marker changed under us)."""
     etag = _create(ctx, topic, key, mine)
     if etag is not None:
-        return _write_and_mark(ctx, topic, key, mine, etag, write)
+        return _write_and_mark(ctx, topic, key, mine, etag, write, mine.delay)
     try:
         got = ctx.store.get(key)
     except ObjectNotFound:
@@ -217,13 +251,15 @@ def _attempt(ctx: Context, topic: str, key: str, mine: _Marker,
     except StorageError as exc:
         raise PublishError(f"could not publish to {topic!r}: {exc}") from exc
     if got.body == mine.encode():  # our create landed, its answer was lost
-        return _write_and_mark(ctx, topic, key, mine, got.etag, write)
+        return _write_and_mark(ctx, topic, key, mine, got.etag, write, mine.delay)
     theirs = _Marker.decode(got.body)
     age = _age(got)
     window = ctx.config.publishing.dedup_window_seconds
     if theirs is None or (age is not None and age >= window):
         taken = _replace(ctx, topic, key, mine, got.etag)  # expired: one replacer wins
-        return None if taken is None else _write_and_mark(ctx, topic, key, mine, taken, write)
+        if taken is None:
+            return None
+        return _write_and_mark(ctx, topic, key, mine, taken, write, mine.delay)
     if theirs.state == "written":
         log.debug("%s: dedup id already published as %s", topic, theirs.message_id)
         return theirs.message_id
@@ -237,7 +273,7 @@ def _attempt(ctx: Context, topic: str, key: str, mine: _Marker,
         return None
     log.info("%s: completing the publish of %s (dedup marker %s, writer %s)", topic,
              theirs.message_id, key, "failed" if theirs.state == "failed" else "presumed dead")
-    return _write_and_mark(ctx, topic, key, took, taken, write)
+    return _write_and_mark(ctx, topic, key, took, taken, write, mine.delay)
 
 
 def _create(ctx: Context, topic: str, key: str, marker: _Marker) -> str | None:
@@ -263,13 +299,14 @@ def _replace(ctx: Context, topic: str, key: str, marker: _Marker, etag: str) -> 
 
 
 def _write_and_mark(ctx: Context, topic: str, key: str, marker: _Marker, etag: str,
-                    write: Callable[[str, datetime], str]) -> str:
+                    write: Write, asked: float | None) -> str:
     """Write the message the marker (version ``etag``, ours) names, then mark it
     written. A refused payload deletes the marker; any other failure marks it failed
     (a retry completes it with the same id); both re-raise."""
     if_match = etag if ctx.caps.if_match else None
     try:
-        mid = write(marker.message_id, datetime.fromisoformat(marker.created_at))
+        mid = write(marker.message_id, datetime.fromisoformat(marker.created_at),
+                    marker.write_delay(asked))
     except PayloadError:
         _quietly(lambda: ctx.store.delete(key, if_match=if_match), key)
         raise
@@ -331,13 +368,18 @@ def expire_markers(ctx: Context, topic: str, *, start_after: str | None = None,
 
 @attrs.define
 class MarkerJanitor:
-    """One consumer's expiry of dedup markers: during polls at most once per
-    ``max(dedup_window_seconds, MIN_EXPIRE_INTERVAL_SECONDS)`` per topic (the first an
-    interval after the consumer's first poll of it), each run
+    """One consumer's (or producer's) expiry of dedup markers: at most once per
+    ``max(dedup_window_seconds, MIN_EXPIRE_INTERVAL_SECONDS)`` per topic, each run
     carrying on from where the last one stopped, so a topic with more markers than
-    one run lists is covered over several runs."""
+    one run lists is covered over several runs. A consumer's polls run it, the first
+    time an interval after its first poll of the topic (an idle poll costs what it
+    did); a producer's deduplicated publishes run it with ``eager``, the first time at
+    its first deduplicated publish on the topic, so markers expire however briefly
+    each process lives (a cron job, ``pawnq publish``): whoever adds markers removes
+    the expired ones."""
 
     ctx: Context
+    eager: bool = False
     _cursor: dict[str, str | None] = attrs.field(factory=dict, init=False)
     _last_run: dict[str, float] = attrs.field(factory=dict, init=False)
 
@@ -354,7 +396,7 @@ class MarkerJanitor:
         every = max(self.ctx.config.publishing.dedup_window_seconds,
                     MIN_EXPIRE_INTERVAL_SECONDS)
         now = self.ctx.clock.monotonic()
-        last = self._last_run.setdefault(topic, now)  # a first poll costs what it did
+        last = self._last_run.setdefault(topic, -math.inf if self.eager else now)
         if now - last < every:
             return
         try:

@@ -15,6 +15,7 @@ message's DELETE (a packed topic's: its settlement in the segment's lease).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -23,6 +24,8 @@ from typing import Any
 
 from .. import layout
 from ..errors import (
+    ConditionFailed,
+    ObjectNotFound,
     PawnQueueError,
     PayloadError,
     PublishError,
@@ -33,6 +36,7 @@ from .context import Context
 __all__ = [
     "check_delay",
     "count_delayed",
+    "discard_retry",
     "retry_doc",
     "write_delayed",
     "write_retry",
@@ -117,13 +121,43 @@ def retry_doc(body: dict[str, Any], delivery_count: int, error: str | None
 
 
 def write_retry(ctx: Context, topic: str, message_id: str, doc: dict[str, Any],
-                delay: float) -> str:
+                delay: float, *, deadline: float | None = None) -> tuple[str, str | None]:
     """Store a retried message's ``doc`` as delayed by ``delay`` seconds from now (the
-    caller then removes the message and drops its lease); its delayed key. Raises
-    StorageError if the write fails (nothing else changed)."""
+    caller then removes the message and drops its lease); its delayed key and ETag.
+    ``deadline``: the retrying lease's fence (monotonic), so the copy is not written
+    after another consumer may hold the message. Raises StorageError if the write
+    fails, after removing whatever of it may have landed (nothing else changed: the
+    message is where it was, so a copy left would be a second delivery)."""
     key = _delayed_key(topic, ctx.clock.now(), message_id, delay)
-    ctx.store.put(key, layout.canonical_json(doc))
-    return key
+    try:
+        etag = ctx.store.put(key, layout.canonical_json(doc), deadline=deadline).etag
+    except StorageError:
+        discard_retry(ctx, topic, key, None)
+        raise
+    return key, etag
+
+
+def discard_retry(ctx: Context, topic: str, key: str, etag: str | None) -> None:
+    """Remove the delayed copy ``key`` a retry wrote (If-Match ``etag`` where known and
+    honoured) when the retry could not remove the message itself (its lease lost, a
+    request failed): the message stays where it was and is delivered from there, so
+    the copy would deliver it once more. A copy already promoted (a write slower than
+    its delay) is removed from ``messages/`` too: the promotion's key follows from the
+    delayed one, and the delayed object goes first, so a promoter that has not copied
+    it yet no longer can. A failure only logs (the copy then repeats the message once:
+    docs/guarantees.md)."""
+    name = layout.parse_delayed_key(topic, key)
+    promoted = (layout.message_key(topic, name.due_ts, name.message_id)
+                if name is not None else None)
+    try:
+        with contextlib.suppress(ObjectNotFound, ConditionFailed):
+            ctx.store.delete(key, if_match=etag if etag and ctx.caps.if_match else None)
+        if promoted is not None:
+            ctx.store.delete(promoted)
+    except ObjectNotFound:
+        pass
+    except StorageError as exc:
+        log.warning("could not remove the delayed copy %s of a failed retry: %s", key, exc)
 
 
 def _delayed_key(topic: str, when: datetime, message_id: str, delay: float) -> str:

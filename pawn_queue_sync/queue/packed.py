@@ -226,8 +226,11 @@ class PackedSource:
 
     def _retry_later(self, msg: Message, error: str | None, delay: float) -> None:
         """A retry with a delay: the message written as a delayed single message
-        first (``attempts`` its deliveries so far), then settled in its segment as a
-        nack settles it: a crash in between repeats it, never loses it."""
+        first (``attempts`` its deliveries so far; within the segment lease's fence),
+        then settled in its segment as a nack settles it: a crash in between repeats
+        it, never loses it. The lease found lost by that settlement removes the copy
+        again (the message is delivered from its segment: the copy would be a third
+        delivery)."""
         seg = _segment(msg)
         with msg.exclusive():
             if msg.state != "leased" or msg.settling:
@@ -236,8 +239,14 @@ class PackedSource:
                 seg.renew()  # still ours before the delayed copy is written
             doc = delayed.retry_doc({**msg.body, "topic": msg.topic}, msg.delivery_count,
                                     error)
-            delayed.write_retry(self._claimant.ctx, msg.topic, msg.id, doc, delay)
-            seg.commit(seg.change(lambda p: p.settle([msg.index])))
+            ctx = self._claimant.ctx
+            written = delayed.write_retry(ctx, msg.topic, msg.id, doc, delay,
+                                          deadline=seg.fence_ends())
+            try:
+                seg.commit(seg.change(lambda p: p.settle([msg.index])))
+            except LeaseLostError:  # not settled: the segment's next holder delivers it
+                delayed.discard_retry(ctx, msg.topic, *written)
+                raise
             seg.settled_out(msg.index)
             self._claimant.settled(msg, "released")
         seg.finish_if_complete()

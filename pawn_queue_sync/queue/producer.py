@@ -29,6 +29,8 @@ class Producer:
         #: (pid, topic) -> the topic's group commit: a forked child never uses (nor
         #: waits on) its parent's, whose threads do not exist there
         self._batchers: dict[tuple[int, str], Batcher] = {}
+        #: expiry of dedup markers, run by deduplicated publishes (dedup.MarkerJanitor)
+        self._markers = dedup.MarkerJanitor(ctx, eager=True)
 
     @property
     def id(self) -> str:
@@ -80,10 +82,13 @@ class Producer:
         dedup_id = dedup.check_dedup_id(dedup_id)
         mid, when = self._message_id(message_id), self._created_at(created_at)
         self._check_payload(topic, payload, mid, when, delay)  # before the marker
-        return dedup.publish_once(
+        published = dedup.publish_once(
             self._ctx, topic, dedup_id, mid, when,
-            lambda mid, when: self._publish_one(topic, payload, mid, when, delay),
+            lambda mid, when, wait: self._publish_one(topic, payload, mid, when, wait),
+            delay,
         )
+        self._markers.run_due(topic)  # after: a failure there only logs
+        return published
 
     def _check_payload(self, topic: str, payload: Any, message_id: str,
                        created_at: datetime, delay: float | None) -> None:

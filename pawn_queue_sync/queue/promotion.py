@@ -26,6 +26,7 @@ consumer per poll interval in all.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -64,6 +65,9 @@ FIRST_PAGE = 100
 PAGE = 1000
 #: Most delayed keys one pass lists (3 LISTs); the next pass starts after the last.
 MAX_LISTED_PER_PASS = FIRST_PAGE + 2 * PAGE
+#: The longest lifetime a promotion lock's body may state (a lock claiming more is
+#: still taken over after this, unless the reader's own is longer): 7 days.
+MAX_LOCK_LIFETIME_SECONDS = 604800.0
 
 
 def is_due(last_modified: datetime | None, delay_ms: int, now: datetime | None) -> bool:
@@ -160,9 +164,10 @@ class PromotionLock:
     """A topic's promotion lock (``layout.delayed_lock_key``), held while its due
     messages are moved: two promoters at once could otherwise write a message again
     after its first copy was consumed (a copy listed before the other's delete). A
-    conditional create; stale (taken over) a visibility timeout after it was written,
-    by the server's clock, as a lease; its holder moves messages only within that time
-    less the fence margin. A server without If-None-Match gets no lock (``token``
+    conditional create; stale (taken over) its holder's visibility timeout, which its
+    body states, after it was written, by the server's clock, as a lease; its holder
+    moves messages only within that time less the fence margin. A server without
+    If-None-Match gets no lock (``token``
     empty): promoters there may repeat a message (docs/guarantees.md)."""
 
     ctx: Context
@@ -179,7 +184,8 @@ class PromotionLock:
         started = ctx.clock.monotonic()
         if not ctx.caps.if_none_match:
             return cls(ctx, key, "", started)
-        body = layout.canonical_json({"at": layout.iso(ctx.clock.now())})
+        body = layout.canonical_json({"at": layout.iso(ctx.clock.now()),
+                                      "lifetime_seconds": ctx.visibility})
         for _ in range(2):
             started = ctx.clock.monotonic()
             try:
@@ -188,8 +194,9 @@ class PromotionLock:
             except ConditionFailed:
                 pass
             try:
-                held = ctx.store.head(key)
-                if not leases.is_stale(held.last_modified, now, ctx.visibility):
+                held = ctx.store.get(key)
+                if not leases.is_stale(held.last_modified, now,
+                                       _lifetime(held.body, ctx.visibility)):
                     return None
                 ctx.store.delete(key, if_match=held.etag)  # its holder died: ours now
             except (ObjectNotFound, ConditionFailed):
@@ -197,7 +204,8 @@ class PromotionLock:
         return None
 
     def fresh(self) -> bool:
-        """Still certainly ours: moves may start (the fence of a lease)."""
+        """Still certainly ours: moves may start (the fence of a lease, within the
+        lifetime its body states)."""
         if not self.token:
             return True
         ends = self.written_at + self.ctx.visibility - self.ctx.fence_margin()
@@ -211,6 +219,19 @@ class PromotionLock:
             self.ctx.store.delete(self.key, if_match=self.token)
         except StorageError as exc:
             log.warning("could not release %s: %s", self.key, exc)
+
+
+def _lifetime(body: bytes, default: float) -> float:
+    """How long a promotion lock lives, as its holder stated in its body (its
+    visibility timeout: consumers configured with another one judge it by the
+    holder's); ``default`` for a lock without it (an older version's, unreadable)."""
+    try:
+        value = json.loads(body).get("lifetime_seconds")
+    except (ValueError, AttributeError):
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return default
+    return min(float(value), max(MAX_LOCK_LIFETIME_SECONDS, default))
 
 
 def _promote_all(ctx: Context, topic: str, due: list[tuple[str, layout.DelayedName]],

@@ -236,14 +236,27 @@ def _delete(ctx: Context, keys: list[str]) -> int:
     return len(keys)
 
 
+#: The order :func:`_check_empty` lists the sections in. Every move of a message
+#: between sections writes its new place before it removes the old one: promotion
+#: (delayed -> messages), redrive (dead-letter -> messages), nack (messages or
+#: segments -> dead-letter), retry with a delay (messages or segments -> delayed). A
+#: move is seen when its source is listed before its destination (listed before the
+#: removal: found there; after it: the destination already holds it), so each of
+#: those pairs appears in this order: 6 LISTs (limit 1) rather than 4.
+_CHECK_ORDER: tuple[tuple[str, str], ...] = (
+    ("dead letters", layout.DEAD_LETTER), ("delayed messages", layout.DELAYED),
+    ("segments", layout.SEGMENTS), ("messages", layout.MESSAGES),
+    ("delayed messages", layout.DELAYED), ("dead letters", layout.DEAD_LETTER),
+)
+
+
 def _check_empty(ctx: Context, topic: str) -> None:
-    """Raise TopicNotEmptyError naming what ``topic`` still holds (a LIST each)."""
+    """Raise TopicNotEmptyError naming what ``topic`` still holds (a LIST each, in
+    :data:`_CHECK_ORDER`: a message moved between sections meanwhile is seen in one of
+    them)."""
     what: list[str] = []
-    for name, prefix in (("messages", layout.messages_prefix(topic)),
-                         ("segments", layout.segments_prefix(topic)),
-                         ("dead letters", layout.dead_letter_prefix(topic)),
-                         ("delayed messages", layout.delayed_prefix(topic))):
-        if ctx.store.list(prefix, limit=1).objects:
+    for name, section in _CHECK_ORDER:
+        if name not in what and ctx.store.list(f"{topic}/{section}/", limit=1).objects:
             what.append(name)
     for name, prefix in (("live leases", layout.leases_prefix(topic)),
                          ("live segment leases", layout.segment_leases_prefix(topic))):

@@ -275,22 +275,34 @@ def release(claimant: Claimant, msg: Message) -> None:
 def retry(claimant: Claimant, msg: Message, error: str | None = None,
           delay: float | None = None) -> None:
     """See :meth:`Consumer.retry <pawn_queue_sync.queue.consumer.Consumer.retry>`."""
-    ctx = claimant.ctx
     with msg.exclusive():
         if msg.state != "leased" or msg.settling:
             return
         fence(claimant, msg)
         doc = delayed.retry_doc(msg.body, msg.delivery_count, error)
         if delay is not None:
-            # the delayed copy first, then the message (fenced, as a nack deletes it):
-            # a crash in between leaves both (delivered again), never neither
-            delayed.write_retry(ctx, msg.topic, msg.id, doc, delay)
-            fence(claimant, msg)
-            claimant.delete_version(msg.key, msg.etag, fence_ends(claimant, msg), msg.body)
+            _retry_later(claimant, msg, doc, delay)
         else:
             _record_retry(claimant, msg, doc)
         claimant.settled(msg, "released")
     claimant.drop_lease(msg.lease_key, msg.lease_token)
+
+
+def _retry_later(claimant: Claimant, msg: Message, doc: dict[str, Any], delay: float
+                 ) -> None:
+    """The delayed copy first (within our lease's fence), then the message deleted
+    (fenced, as a nack deletes it): a crash in between leaves both (delivered again),
+    never neither. A failure before the delete was sent (the lease lost, found taken
+    by the fence after a slow write; a failed request) removes the copy again: the
+    message stays, and whoever takes it next settles it."""
+    written = delayed.write_retry(claimant.ctx, msg.topic, msg.id, doc, delay,
+                                  deadline=fence_ends(claimant, msg))
+    try:
+        fence(claimant, msg)  # the delayed write took time
+    except BaseException:
+        delayed.discard_retry(claimant.ctx, msg.topic, *written)
+        raise
+    claimant.delete_version(msg.key, msg.etag, fence_ends(claimant, msg), msg.body)
 
 
 def _record_retry(claimant: Claimant, msg: Message, doc: dict[str, Any]) -> None:
