@@ -4,8 +4,10 @@ not by how many pages are open or how often they refresh.
 A thread reads the stats (:func:`~.source.read_stats`) at most once per ``interval``
 (at least :data:`MIN_INTERVAL` seconds), and only while a page asked within
 ``idle_after`` seconds: a dashboard nobody looks at makes no request. Pages read the
-last result from memory. An action (redrive, purge) asks for one poll at once
-(:meth:`Poller.refresh`), so the page shows its effect. Dead letters are read for the
+last result from memory. An action (redrive, purge) asks for a poll (:meth:`Poller.request_poll`)
+without waiting for it: it comes at most :data:`MIN_INTERVAL` after the previous one, so
+a run of actions shares one poll, and the bucket is never polled more than once per
+:data:`MIN_INTERVAL`, whatever the actions. Dead letters are read for the
 browser on demand, one topic at a time, and kept for ``interval`` as well: every page
 asking for them in that time gets the same list (one fetch, however many ask at once).
 
@@ -26,6 +28,7 @@ from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import InvalidArgument
+from .security import logged_error, public_error
 from .source import Reading
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,8 @@ MIN_INTERVAL = 2.0
 IDLE_AFTER = 60.0
 #: How far back the throughput chart goes (seconds).
 HISTORY_SECONDS = 600.0
+#: How long :meth:`Poller.stop` waits for an idle poller thread to end (it wakes at once).
+STOP_WAIT = 5.0
 
 
 class Poller:
@@ -83,11 +88,17 @@ class Poller:
         return self
 
     def stop(self) -> None:
+        """Stop polling, without waiting for a poll under way: one stuck on a hanging
+        bucket can last minutes (each request's timeouts and retries). Its thread is a
+        daemon that drops that poll's result, logs nothing and ends, and no poll starts
+        after this, so a queue closed next is never polled again. An idle thread is
+        woken and joined (at most :data:`STOP_WAIT` seconds)."""
         with self._cond:
             self._stopped = True
+            polling = self._running
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+        if self._thread is not None and not polling:
+            self._thread.join(timeout=STOP_WAIT)
 
     def _run(self) -> None:
         while True:
@@ -97,18 +108,22 @@ class Poller:
                 self._forced = False
                 self._running = True
                 self._polled_at = self._clock.monotonic()
+            failure: Exception | None = None
             try:
-                reading, error = self._fetch(), None
-            except Exception as exc:  # the page shows it; the library masks secrets
-                reading, error = None, f"{type(exc).__name__}: {exc}"
-                log.warning("dashboard poll failed: %s", error)
+                reading = self._fetch()
+            except Exception as exc:  # the page shows its type and a safe message
+                reading, failure = None, exc
             with self._cond:
-                self.polls += 1
                 self._running = False
-                self._error = error
+                self._cond.notify_all()
+                if self._stopped:  # stopped while polling: the queue may be closed
+                    return
+                self.polls += 1
+                self._error = None if failure is None else public_error(failure)
                 if reading is not None:
                     self._record(reading)
-                self._cond.notify_all()
+            if failure is not None:
+                log.warning("dashboard poll failed: %s", logged_error(failure))
 
     def _await_turn(self) -> bool:
         """Wait (holding the condition) until a poll is due and wanted, or asked for;
@@ -117,11 +132,14 @@ class Poller:
             now = self._clock.monotonic()
             wanted = now - self._wanted_at <= self._idle_after
             since = None if self._polled_at is None else now - self._polled_at
-            if self._forced or (wanted and (since is None or since >= self.interval)):
+            if (self._forced and (since is None or since >= MIN_INTERVAL)) or (
+                    wanted and (since is None or since >= self.interval)):
                 return True
-            # idle: sleep until a page asks (snapshot() notifies); else until due
-            timeout = None if not wanted or since is None else self.interval - since
-            self._clock.wait(self._cond, timeout)
+            # idle: sleep until a page or an action asks (both notify); else until due
+            due = [] if since is None else [
+                left for left, asked in ((self.interval - since, wanted),
+                                         (MIN_INTERVAL - since, self._forced)) if asked]
+            self._clock.wait(self._cond, min(due, default=None))
         return False
 
     def _record(self, reading: Reading) -> None:
@@ -215,16 +233,23 @@ class Poller:
                 self._clock.wait(self._cond, left)
             return True
 
-    def refresh(self, timeout: float = 60.0) -> None:
-        """After an action: forget cached dead letters, poll once now (a poll already
-        under way may have read the bucket before the action: the one after it), and
-        wait for it, at most ``timeout`` seconds."""
+    def request_poll(self) -> int:
+        """After an action: forget cached dead letters and ask for a poll, without
+        waiting for it. It starts :data:`MIN_INTERVAL` after the previous poll at the
+        earliest, so every action asking before then shares it. Returns the poll count
+        at which the action shows (a poll under way may have read the bucket before it:
+        the one after)."""
         with self._cond:
             self._letter_cache.clear()
-            target = self.polls + (2 if self._running else 1)
             self._forced = True
             self._wanted_at = self._clock.monotonic()
             self._cond.notify_all()
+            return self.polls + (2 if self._running else 1)
+
+    def refresh(self, timeout: float = 60.0) -> None:
+        """:meth:`request_poll`, then wait for that poll, at most ``timeout`` seconds."""
+        target = self.request_poll()
+        with self._cond:
             deadline = self._clock.monotonic() + timeout
             while self.polls < target and not self._stopped:
                 left = deadline - self._clock.monotonic()

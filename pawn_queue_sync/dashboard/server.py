@@ -6,7 +6,10 @@ CDN), ``GET /api/state`` (the poller's last reading, from memory), ``GET
 per poll interval), and, with ``--allow-actions`` and the token only, ``POST
 /api/redrive`` and ``POST /api/purge`` (JSON: ``{"topic": T, "keys": [...]}`` or
 ``{"topic": T, "all": true}``; purge takes ``"letters": {key: etag}``). Every check is
-in :mod:`.security`. Why the standard library: a page, four JSON routes and a few
+in :mod:`.security`. A request whose body is not read (refused, chunked, cut short)
+gets ``Connection: close``, so its bytes are never read as a next request; a connection
+silent for :data:`REQUEST_TIMEOUT` seconds (between requests, or within one) is closed.
+Why the standard library: a page, four JSON routes and a few
 requests a second need nothing more, and the wheel gains no dependency.
 """
 
@@ -27,7 +30,7 @@ from ..errors import InvalidArgument, PawnQueueError, TopicNotFoundError
 from ..queue import deadletter_picks
 from ..queue.core import PawnQueue
 from .poller import IDLE_AFTER, Poller
-from .security import Guard, is_loopback, new_token
+from .security import Guard, check_token, is_loopback, logged_error, new_token, public_error
 from .source import LETTERS_SHOWN, read_dead_letters, read_stats
 
 log = logging.getLogger(__name__)
@@ -42,22 +45,28 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 #: The largest POST body read (a selection of 1,000 keys with their ETags fits).
 MAX_BODY = 1 << 20
+#: Seconds a connection may stay silent (before a request, or within its body) before
+#: the server closes it: an idle or slow client does not hold a thread for ever.
+REQUEST_TIMEOUT = 30.0
 
 
 class Dashboard:
     """The server and its poller over a started ``pq``. ``token``: the user's; with
-    ``actions`` and none, one is made (:attr:`token`). Binding beyond loopback without
-    a token is refused (InvalidArgument): there, reads need it too."""
+    ``actions`` or ``private`` and none, one is made (:attr:`token`). Binding beyond
+    loopback without a token is refused (InvalidArgument): there, reads need it too;
+    ``private``: on loopback as well (another user of the machine cannot read)."""
 
     def __init__(self, pq: PawnQueue, *, host: str = "127.0.0.1", port: int = 8710,
                  interval: float = 5.0, actions: bool = False, token: str | None = None,
                  allowed_hosts: Iterable[str] = (), clock: Clock = SYSTEM_CLOCK,
-                 idle_after: float = IDLE_AFTER) -> None:
+                 idle_after: float = IDLE_AFTER, private: bool = False) -> None:
         if not is_loopback(host) and token is None:
             raise InvalidArgument(
                 f"binding to {host} (beyond loopback) needs a token you set "
                 "(PAWNQ_DASHBOARD_TOKEN or --token-file): every request must carry it")
-        if actions and token is None:
+        if token is not None:
+            check_token(token)
+        if (actions or private) and token is None:
             token = new_token()
         self.pq = pq
         self.token = token
@@ -67,7 +76,7 @@ class Dashboard:
         server_class = _V6Server if ":" in host.strip("[]") else ThreadingHTTPServer
         self.httpd = server_class((host.strip("[]"), port), _handler(self))
         bound_port = self.httpd.server_address[1]
-        self.guard = Guard.build(host, bound_port, token, actions, allowed_hosts)
+        self.guard = Guard.build(host, bound_port, token, actions, allowed_hosts, private)
         self.store = pq.store.describe()
         self.actions_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -86,6 +95,8 @@ class Dashboard:
         return self
 
     def stop(self) -> None:
+        """Stop serving and polling, without waiting for a poll under way (see
+        :meth:`Poller.stop`): at most about a second, however the bucket behaves."""
         self.httpd.shutdown()
         self.httpd.server_close()
         self.poller.stop()
@@ -106,7 +117,9 @@ class Dashboard:
                 "letters_shown": LETTERS_SHOWN}
 
     def act(self, action: str, body: Any) -> dict[str, Any]:
-        """Run one redrive or purge (one at a time), then poll again at once."""
+        """Run one redrive or purge (one at a time) and ask for a poll (not waited for:
+        a run of actions shares one); the answer's ``"poll"`` is the poll count at which
+        the page sees the action's effect."""
         if not isinstance(body, dict) or not isinstance(body.get("topic"), str):
             raise InvalidArgument('the body must be a JSON object with a "topic"')
         topic = body["topic"]
@@ -130,8 +143,7 @@ class Dashboard:
             log.warning("dashboard %s of %r: %s", action, topic,
                         {k: len(v) if isinstance(v, (list, dict)) else v
                          for k, v in result.items()})
-        self.poller.refresh()
-        return result
+        return {**result, "poll": self.poller.request_poll()}
 
 
 class _V6Server(ThreadingHTTPServer):
@@ -143,6 +155,18 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
         server_version = "pawnq-dashboard"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        timeout = REQUEST_TIMEOUT
+        body_read = False
+
+        def parse_request(self) -> bool:
+            self.body_read = False  # per request: a kept-alive connection has several
+            return super().parse_request()
+
+        def _body_left(self) -> bool:
+            """The request came with a body this handler has not read."""
+            length = (self.headers.get("Content-Length") or "0").strip()
+            return not self.body_read and (
+                "Transfer-Encoding" in self.headers or length != "0")
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
@@ -156,6 +180,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             self.send_header("X-Frame-Options", "DENY")
             self.send_header("Referrer-Policy", "no-referrer")
             self.send_header("Content-Security-Policy", _CSP)
+            if self._body_left():  # its bytes must not be read as the next request
+                self.send_header("Connection", "close")
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
@@ -196,6 +222,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 return self._json(404, {"error": "not found"})
             if (refused := dash.guard.action_refusal(self.headers)) is not None:
                 return self._refuse(refused)
+            if "Transfer-Encoding" in self.headers:
+                return self._json(411, {"error": "send the body with a Content-Length"})
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
@@ -203,7 +231,13 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             if not 0 < length <= MAX_BODY:
                 return self._json(413, {"error": f"a body of 1 to {MAX_BODY} bytes"})
             try:
-                body = json.loads(self.rfile.read(length))
+                data = self.rfile.read(length)  # bounded: REQUEST_TIMEOUT of silence
+            except OSError:  # a client that stopped sending: drop the connection
+                self.close_connection = True
+                return None
+            self.body_read = len(data) == length
+            try:
+                body = json.loads(data)
             except ValueError:
                 return self._json(400, {"error": "the body is not JSON"})
             action = url.path.rsplit("/", 1)[1]
@@ -213,17 +247,19 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             self._json(405, {"error": "no cross-origin requests"})
 
         def _guarded(self, work: Any) -> None:
-            """Run ``work`` and answer its JSON; a library error is one line (its
-            text masks credentials), anything else only its type."""
+            """Run ``work`` and answer its JSON. A bad request says what is wrong with
+            it (the library's own text about the request); any other failure only
+            its type and a safe message (:func:`.security.public_error`)."""
             try:
                 return self._json(200, work())
             except InvalidArgument as exc:
                 return self._json(400, {"error": str(exc)})
-            except PawnQueueError as exc:
-                return self._json(404 if isinstance(exc, TopicNotFoundError) else 502,
-                                  {"error": f"{type(exc).__name__}: {exc}"})
             except Exception as exc:
-                log.exception("dashboard request failed")
-                return self._json(500, {"error": f"internal error ({type(exc).__name__})"})
+                status = 500
+                if isinstance(exc, PawnQueueError):
+                    status = 404 if isinstance(exc, TopicNotFoundError) else 502
+                if status != 404:
+                    log.warning("dashboard request failed: %s", logged_error(exc))
+                return self._json(status, {"error": public_error(exc)})
 
     return Handler

@@ -4,7 +4,7 @@
 "use strict";
 
 const TOKEN_KEY = "pawnq-dashboard-token";
-const ui = { data: null, topic: null, letters: [], selected: new Set(), timer: null, paused: false };
+const ui = { data: null, topic: null, letters: [], selected: new Set(), timer: null, paused: false, awaitPoll: 0 };
 
 function $(id) { return document.getElementById(id); }
 
@@ -238,6 +238,7 @@ async function act(action, what, question) {
         Object.keys(result.failed).length + " failed"
       : result.deleted + " deleted" + (result.kept.length ? ", " + result.kept.length + " kept (changed since shown)" : "");
     ui.selected.clear();
+    ui.awaitPoll = result.poll;  // the poll that shows it comes within seconds: ask sooner
     await refresh();
   } catch (e) {
     $("action-result").textContent = action + " refused: " + e.message;
@@ -250,7 +251,7 @@ async function refresh(again) {
   let wait = 5;
   try {
     ui.data = await api("/api/state");
-    wait = Math.max(2, ui.data.interval_seconds);
+    wait = ui.data.polls < ui.awaitPoll ? 1 : Math.max(2, ui.data.interval_seconds);
     renderHeader(ui.data);
     renderTopics(ui.data);
     renderConsumers(ui.data);
