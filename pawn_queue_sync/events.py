@@ -9,8 +9,11 @@ callbacks, in the order the events were published. When the queue is full (callb
 slower than the events come), an event is dropped and counted (:attr:`EventBus.dropped`)
 rather than block a publish, a claim or an ack. A callback that raises is logged (at
 most once a minute per bus, with the count of those not logged) and the next event
-goes on. In a forked child the bus starts empty (the parent's queued events are the
-parent's to deliver) with a thread of its own, started by its first event there.
+goes on: any exception, a BaseException too (``SystemExit`` from a ``sys.exit()``,
+``KeyboardInterrupt`` raised by the callback itself), since the thread serves every
+callback of the queue. Should the thread end anyway, the next event starts another.
+In a forked child the bus starts empty (the parent's queued events are the parent's
+to deliver) with a thread of its own, started by its first event there.
 :meth:`EventBus.close` (``PawnQueue.teardown``) waits a bounded time for what is
 queued, then stops the thread.
 
@@ -157,7 +160,7 @@ class EventBus:
                 return False
             self._queue.append((event, also))
             self._busy += 1
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # none, or it died
                 self._thread = threading.Thread(target=self._run, name="pawnq-events",
                                                 daemon=True)
                 self._thread.start()
@@ -167,13 +170,19 @@ class EventBus:
     # -- the dispatcher thread ----------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._dispatch()
+        finally:  # an end other than close(): the next publish starts another thread
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _dispatch(self) -> None:
         while True:
             with self._lock:
                 while not self._queue and not self._closing:
                     self._ready.wait()
                 if not self._queue:  # closing, and everything handed out
-                    if self._thread is threading.current_thread():
-                        self._thread = None
                     return
                 event, also = self._queue.popleft()
                 callbacks = self._callbacks
@@ -189,7 +198,8 @@ class EventBus:
     def _call(self, callback: EventCallback, event: Event) -> None:
         try:
             callback(event)
-        except Exception as exc:  # a callback never stops the dispatcher
+        except BaseException as exc:  # a callback never stops the dispatcher, which
+            # serves every callback: a SystemExit ends only this call
             self.errors += 1
             now = time.monotonic()
             if now - self._logged_at < ERROR_LOG_INTERVAL_S:

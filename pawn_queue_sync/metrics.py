@@ -31,13 +31,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import MissingExtra, PawnQueueError
+from .errors import ConfigError, MissingExtra, PawnQueueError
 from .events import Event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEPTH_MIN_INTERVAL_S", "DURATION_BUCKETS", "MULTIPROC_ENV", "MetricsServer",
-           "PoolMetrics", "PrometheusMetrics", "QueueDepthCollector", "require", "serve"]
+__all__ = ["DEFAULT_ADDR", "DEPTH_MIN_INTERVAL_S", "DURATION_BUCKETS", "MULTIPROC_ENV",
+           "MetricsServer", "PoolMetrics", "PrometheusMetrics", "QueueDepthCollector",
+           "check_multiproc_dir", "require", "serve"]
 
 #: The environment variable prometheus-client's multiprocess mode reads.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -151,21 +152,27 @@ _GAUGES: dict[str, tuple[str, Callable[[Any], float | None]]] = {
     "topic_oldest_pending_age_seconds": (
         "Age of the oldest pending message (by the server's clock)",
         lambda s: s.oldest_pending_age_seconds),
-    "topic_consumers_alive": ("Registered consumers alive by their heartbeat",
-                              lambda s: sum(1 for c in s.consumers if c.alive)),
     "topic_stats_exact": ("1 when the counts are exact, 0 when a listing stopped at "
                           "its bound (the counts are then lower bounds)",
                           lambda s: 1.0 if s.exact else 0.0),
 }
 
 
+#: The gauge of live consumers: the queue's, not a topic's (the registry does not
+#: record which topics a consumer reads), so it has no ``topic`` label.
+_CONSUMERS_ALIVE = ("consumers_alive", "Registered consumers of the queue (every topic: "
+                    "the registry does not record which topics each reads) alive by "
+                    "their heartbeat")
+
+
 class QueueDepthCollector:
     """A Prometheus collector of queue depth gauges (``pawnq_topic_pending_messages``,
     ``..._in_flight_messages``, ``..._dead_letters``, ``..._delayed_messages``,
-    ``..._oldest_pending_age_seconds``, ``..._consumers_alive``, ``..._stats_exact``,
-    each by topic) from ``pq.stats(topic)`` (or ``pq.stats_all()`` without
-    ``topics``), asked at scrape time at most once per ``min_interval`` seconds. A
-    failing ``stats()`` is logged (at most once a minute) and the last answer kept.
+    ``..._oldest_pending_age_seconds``, ``..._stats_exact``, each by topic, and
+    ``pawnq_consumers_alive``, the queue's, without a label) from ``pq.stats(topic)``
+    (or ``pq.stats_all()`` without ``topics``), asked at scrape time at most once per
+    ``min_interval`` seconds. A failing ``stats()`` is logged (at most once a minute)
+    and the last answer kept.
 
     ``pq`` may be a callable returning the queue (built on first use: the worker pool's
     supervisor builds one only when scraped)."""
@@ -202,6 +209,10 @@ class QueueDepthCollector:
                 if value is not None:
                     family.add_metric([topic_stats.topic], float(value))
             yield family
+        if stats:  # every TopicStats carries the same registry listing
+            name, doc = _CONSUMERS_ALIVE
+            yield gauge(f"{self._namespace}_{name}", doc,
+                        value=sum(1 for c in stats[0].consumers if c.alive))
 
     def _current(self) -> list[Any]:
         with self._lock:  # one refresh at a time; concurrent scrapes share it
@@ -243,10 +254,16 @@ class MetricsServer:
         self._thread.join(5.0)
 
 
-def serve(port: int, addr: str = "0.0.0.0", registry: Any = None) -> MetricsServer:
+#: The address metrics are served on by default: this host only, as the dashboard's.
+#: Give ``0.0.0.0`` (or an interface's address) for a Prometheus on another host.
+DEFAULT_ADDR = "127.0.0.1"
+
+
+def serve(port: int, addr: str = DEFAULT_ADDR, registry: Any = None) -> MetricsServer:
     """Serve ``registry`` (default: prometheus-client's global one; in multiprocess mode
     a registry over :data:`MULTIPROC_ENV`'s files) at ``http://addr:port/metrics`` on a
-    daemon thread. OSError when the port cannot be bound."""
+    daemon thread (``addr``: loopback by default). OSError when the port cannot be
+    bound; ConfigError when :data:`MULTIPROC_ENV` names no directory."""
     pc = require()
     if registry is None:
         path = os.environ.get(MULTIPROC_ENV)
@@ -258,9 +275,20 @@ def serve(port: int, addr: str = "0.0.0.0", registry: Any = None) -> MetricsServ
 def _multiprocess_registry(pc: Any, path: str) -> Any:
     from prometheus_client import multiprocess
 
+    check_multiproc_dir(path)
     registry = pc.CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)
     return registry
+
+
+def check_multiproc_dir(path: str) -> None:
+    """ConfigError unless ``path`` (:data:`MULTIPROC_ENV`'s value) is a directory: a
+    stale one (a cleaned temporary directory, a typo) is the user's to fix; it is not
+    made here (the workers' files would be left in a place nobody removes)."""
+    if not os.path.isdir(path):
+        raise ConfigError(MULTIPROC_ENV, f"{path!r} is not a directory: create it (and "
+                          "empty it between runs) or unset it (a temporary one is made "
+                          "then)")
 
 
 class PoolMetrics:
@@ -299,11 +327,17 @@ class PoolMetrics:
 
     def start(self) -> bool:
         """Set up the directory, then serve; False (logged, nothing left set up) when
-        the port cannot be bound."""
+        the port cannot be bound or :data:`MULTIPROC_ENV` names no directory."""
         pc = require()
         self._old_env = os.environ.get(MULTIPROC_ENV)
         path = self._old_env
-        if not path:
+        if path:
+            try:
+                check_multiproc_dir(path)
+            except ConfigError as exc:
+                log.error("cannot serve metrics: %s", exc)
+                return False
+        else:
             path = self._made = tempfile.mkdtemp(prefix="pawnq-metrics-")
             os.environ[MULTIPROC_ENV] = path
         self.path = path

@@ -78,8 +78,9 @@ def _add_arguments(parser: argparse.ArgumentParser, *, config_default: Any) -> N
     parser.add_argument("--metrics-port", type=_port, default=None, metavar="N",
                         help="serve the workers' Prometheus metrics at "
                         "http://ADDR:N/metrics (needs pawn-queue-sync[metrics])")
-    parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
-                        help="address the metrics are served on (default: 0.0.0.0)")
+    parser.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR",
+                        help="address the metrics are served on (default: 127.0.0.1, "
+                        "this host only; 0.0.0.0 for every interface)")
     parser.add_argument("--path", dest="sys_path", action="append", default=[],
                         metavar="DIR", help="prepend DIR to sys.path to import the handler "
                         "(repeatable; the working directory is always importable, after "
@@ -128,7 +129,7 @@ def run_worker(args: argparse.Namespace) -> int:
             consumer_name=args.consumer_name,
             shutdown_timeout_seconds=args.shutdown_timeout,
             metrics_port=getattr(args, "metrics_port", None),
-            metrics_addr=getattr(args, "metrics_addr", "0.0.0.0"),
+            metrics_addr=getattr(args, "metrics_addr", "127.0.0.1"),
         )
     except (ValueError, MissingExtra) as exc:
         log.error("%s", exc)

@@ -114,7 +114,9 @@ class WorkerPool:
     status (``RET_*``). Signal handlers are installed only when ``run()`` is called in
     the main thread and ``install_signal_handlers`` is true; otherwise call
     :meth:`stop` (safe from any thread or a signal handler). ``metrics_port``: the
-    supervisor serves the workers' Prometheus metrics there (:class:`PoolMetrics`).
+    supervisor serves the workers' Prometheus metrics there (:class:`PoolMetrics`), on
+    ``metrics_addr`` (default 127.0.0.1, this host only; ``0.0.0.0`` for every
+    interface).
     """
 
     def __init__(
@@ -135,7 +137,7 @@ class WorkerPool:
         listener_options: ListenOptions | Mapping[str, Any] | None = None,
         max_start_failures: int = MAX_START_FAILURES,
         metrics_port: int | None = None,
-        metrics_addr: str = "0.0.0.0",
+        metrics_addr: str = "127.0.0.1",
         **deprecated: float,
     ) -> None:
         args = check_arguments(
