@@ -70,7 +70,7 @@ def test_stats_shows_each_topic_and_consumer(store: Store) -> None:  # noqa: F81
 
 def test_watch_prints_a_json_line_per_refresh_until_ctrl_c(store: Store) -> None:  # noqa: F811
     store.publish(TOPIC, [{"n": i} for i in range(4)])
-    proc = subprocess.Popen(store.argv("stats", "--watch", "0.2", TOPIC, "--json"),
+    proc = subprocess.Popen(store.argv("stats", "--watch", "1", TOPIC, "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=store.env(), cwd=store.tmp_path)
     try:
@@ -89,7 +89,7 @@ def test_watch_prints_a_json_line_per_refresh_until_ctrl_c(store: Store) -> None
 
 def test_watch_appends_a_table_per_refresh_into_a_pipe(local: Store) -> None:  # noqa: F811
     local.publish(TOPIC, [1, 2, 3])
-    proc = subprocess.Popen(local.argv("stats", "--watch", "0.2"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=local.env(buffered=False),
                             cwd=local.tmp_path)
     try:
@@ -111,7 +111,7 @@ def test_watch_appends_a_table_per_refresh_into_a_pipe(local: Store) -> None:  #
 def test_watch_redraws_in_place_on_a_terminal(local: Store) -> None:  # noqa: F811
     local.publish(TOPIC, [1])
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(local.argv("stats", "--watch", "0.2"), stdin=follower,
+    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), stdin=follower,
                             stdout=follower, stderr=follower, env=local.env(),
                             cwd=local.tmp_path)
     os.close(follower)

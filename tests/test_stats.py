@@ -326,7 +326,7 @@ def test_stats_all_counts_every_topic_and_nothing_else(config: dict[str, Any]) -
         assert datetime.fromisoformat(doc[0]["server_time"]) == found[0].server_time
         assert set(doc[0]) == {"topic", "packed", "pending", "in_flight", "dead_lettered",
                                "delayed", "oldest_pending_age_seconds", "exact",
-                               "server_time", "requests", "consumers"}
+                               "server_time", "requests", "consumers", "consumers_exact"}
 
 
 def test_stats_all_requests_add_up(counted: tuple[PawnQueue, Any]) -> None:

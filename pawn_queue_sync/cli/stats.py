@@ -28,6 +28,10 @@ from .tables import render_table
 
 #: ``--watch`` without a number: seconds between refreshes.
 WATCH_SECONDS = 5.0
+#: The shortest ``--watch`` interval: each refresh is a LIST per prefix of every topic
+#: (and a GET per segment lease), so a typo must not make them back to back (the
+#: dashboard's floor is 2 s).
+MIN_WATCH_SECONDS = 1.0
 #: The longest ``--watch`` interval (a day; inf would not sleep).
 MAX_WATCH_SECONDS = 86400.0
 
@@ -63,6 +67,9 @@ def _watch_seconds(topic: str | None, watch: str | None) -> tuple[str | None, fl
         if topic is None:
             return watch, WATCH_SECONDS
         raise argparse.ArgumentTypeError(f"takes a number of seconds, got {watch!r}") from None
+    if seconds < MIN_WATCH_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_WATCH_SECONDS:g} "
+                                         f"second(s), got {watch}")
     if seconds > MAX_WATCH_SECONDS:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_WATCH_SECONDS:g}, got {watch}")
     return topic, seconds
@@ -130,8 +137,9 @@ def _lines(found: list[TopicStats], args: argparse.Namespace) -> list[str]:
         rows = [[c.name or "(unreadable entry)", c.id, _seen(c.last_seen, now),
                  "yes" if c.alive else "no"] for c in consumers]
         lines.append("")
+        cut = "" if found[0].consumers_exact else f" in the first {args.max_keys} entries"
         lines += render_table(["consumer", "id", "last seen", "alive"], rows,
-                              title=f"consumers ({alive} alive of {len(consumers)})")
+                              title=f"consumers ({alive} alive of {len(consumers)}{cut})")
     lines.append(f"{sum(s.requests for s in found)} requests")
     return lines
 
@@ -170,7 +178,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     stats.add_argument("topic", nargs="?", help="one topic (default: every topic)")
     stats.add_argument("--watch", "-w", nargs="?", const=str(WATCH_SECONDS), default=None,
                        metavar="SECONDS",
-                       help=f"refresh every SECONDS (default {WATCH_SECONDS:g}) until Ctrl-C")
+                       help=f"refresh every SECONDS (default {WATCH_SECONDS:g}, at least "
+                            f"{MIN_WATCH_SECONDS:g}) until Ctrl-C")
     stats.add_argument("--json", action="store_true",
                        help="one JSON document a line (with --watch: one per refresh)")
     stats.add_argument("--max-keys", type=count(1), default=MAX_KEYS, metavar="N",

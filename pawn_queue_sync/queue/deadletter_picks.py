@@ -18,6 +18,7 @@ from .. import layout
 from ..errors import InvalidArgument, ObjectNotFound, StorageError
 from .context import Context
 from .deadletters import RedriveResult, _redrive_one, largest_readable
+from .redrive_moves import SegmentsSeen
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def redrive_keys(ctx: Context, topic: str, keys: Sequence[str]) -> RedriveResult
     picked = check_keys(topic, keys)
     ctx.require_topic(topic)
     result = RedriveResult()
+    seen: SegmentsSeen = {}  # this pass's reads of a packed topic's segments
     for key in picked:
         try:
             info = ctx.store.head(key)
@@ -66,7 +68,7 @@ def redrive_keys(ctx: Context, topic: str, keys: Sequence[str]) -> RedriveResult
                                    f"({info.size} bytes)")
             continue
         try:
-            _redrive_one(ctx, topic, key, result)
+            _redrive_one(ctx, topic, key, result, seen)
         except StorageError as exc:
             result.failed[key] = str(exc)
             log.warning("redrive of %s failed: %s", key, exc)

@@ -26,6 +26,7 @@ from ..errors import InvalidArgument, ObjectNotFound, StorageError
 from ..storage.base import ObjectInfo
 from .context import Context
 from .redrive_moves import (
+    SegmentsSeen,
     create,
     delete_version,
     lease_etag,
@@ -253,6 +254,7 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
     check_rate(rate)
     ctx.require_topic(topic)
     result = RedriveResult()
+    seen: SegmentsSeen = {}  # this pass's reads of a packed topic's segments
     started = ctx.clock.monotonic()
     for examined, info in enumerate(iter_keys(ctx, layout.dead_letter_prefix(topic)), 1):
         if max is not None and len(result.moved) >= max:
@@ -265,7 +267,7 @@ def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None
             if (big := too_large(ctx, topic, info)) is not None:
                 result.skipped[info.key] = f"not a message to put back: {big.reason}"
             else:
-                _redrive_one(ctx, topic, info.key, result)
+                _redrive_one(ctx, topic, info.key, result, seen)
         except StorageError as exc:
             result.failed[info.key] = str(exc)
             log.warning("redrive of %s failed: %s", info.key, exc)
@@ -295,7 +297,8 @@ def check_rate(rate: float | None) -> None:
                               f">= {MIN_RATE}, not {rate!r}")
 
 
-def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> None:
+def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult,
+                 seen: SegmentsSeen) -> None:
     try:
         got = ctx.store.get(key)
     except ObjectNotFound:
@@ -305,7 +308,7 @@ def _redrive_one(ctx: Context, topic: str, key: str, result: RedriveResult) -> N
         result.skipped[key] = f"not a message to put back: {dl.reason}"
         return
     assert dl.raw is not None and dl.id is not None
-    if (wait := unsettled_in_segment(ctx, topic, dl)) is not None:
+    if (wait := unsettled_in_segment(ctx, topic, dl, seen)) is not None:
         result.skipped[key] = wait  # a packed topic's: its segment delivers it again
         return
     target = message_key_for(topic, dl, ctx.clock.now())

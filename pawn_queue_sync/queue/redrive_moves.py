@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import layout
 from ..errors import ConditionFailed, ObjectNotFound, SegmentError
-from ..protocol.segments import SegmentLease
+from ..protocol.segments import Progress, SegmentLease
 from .context import Context
 from .topics import _put_once as put_once  # the same create as a topic marker's
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pawn_queue_sync.queue.deadletters")
 
-__all__ = ["create", "delete_version", "lease_etag", "message_key_for", "pending_key",
-           "redriven_doc", "unsettled_in_segment"]
+__all__ = ["SegmentsSeen", "create", "delete_version", "lease_etag", "message_key_for",
+           "pending_key", "redriven_doc", "unsettled_in_segment"]
 
 #: How far from its ``created_at`` a pawn-queue 0.1.x message's key is looked for.
 NEAR = timedelta(seconds=2)
@@ -39,7 +39,21 @@ IN_SEGMENT = ("its message is not recorded settled in its segment (a nack in pro
               "redrive again later")
 
 
-def unsettled_in_segment(ctx: Context, topic: str, dl: DeadLetter) -> str | None:
+#: A segment :func:`unsettled_in_segment` found gone (no lease, no segment): for good.
+_GONE = "gone"
+#: A segment there without a readable lease: its letters wait (for this pass only).
+_WAITING = "waiting"
+#: What one redrive pass read of its topic's segments, by segment id: the progress its
+#: lease recorded, or :data:`_GONE` / :data:`_WAITING`. Kept for ONE pass only: each
+#: answer may go stale, but only in the direction that lets more letters move (a
+#: recorded settlement is never undone, a gone segment never comes back), so a letter
+#: judged on it moves only when a fresh read would move it too; one that waits on it
+#: waits until the next pass.
+SegmentsSeen = dict[str, "Progress | str"]
+
+
+def unsettled_in_segment(ctx: Context, topic: str, dl: DeadLetter,
+                         seen: SegmentsSeen | None = None) -> str | None:
     """Why ``dl``, a packed topic's dead letter, must not move yet; None when it may
     (at once for a letter that names no segment of ``topic``).
 
@@ -51,7 +65,8 @@ def unsettled_in_segment(ctx: Context, topic: str, dl: DeadLetter) -> str | None
     so the letter moves only once its segment's lease records its message
     (``segment_index``) settled, or the segment is gone (finished or purged): both
     last. One GET of the segment's lease; a HEAD of the segment when that is gone (a
-    segment without a lease is claimed afresh, every message delivered again)."""
+    segment without a lease is claimed afresh, every message delivered again): once per
+    segment and pass, given the pass's ``seen`` (see :data:`SegmentsSeen`)."""
     segment = dl.original_key or ""
     parsed = layout.parse_segment_key(topic, segment)
     if parsed is None:
@@ -61,19 +76,33 @@ def unsettled_in_segment(ctx: Context, topic: str, dl: DeadLetter) -> str | None
     index = record.get("segment_index") if isinstance(record, dict) else None
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
         index = None  # which message it was is unknown: it moves once the segment is gone
+    state = seen.get(sid) if seen is not None else None
+    if state is None:
+        state = _segment_state(ctx, topic, sid, segment)
+        if seen is not None:
+            seen[sid] = state
+    if state == _GONE:
+        return None
+    if isinstance(state, Progress) and index is not None and state.is_settled(index):
+        return None
+    return IN_SEGMENT
+
+
+def _segment_state(ctx: Context, topic: str, sid: str, segment: str) -> Progress | str:
+    """What the segment's lease recorded (one GET), else whether the segment is gone (a
+    HEAD): an unreadable lease tells nothing (its next holder takes it over afresh)."""
     try:
         body = ctx.store.get(layout.segment_lease_key(topic, sid)).body
     except ObjectNotFound:
         try:
             ctx.store.head(segment)
         except ObjectNotFound:
-            return None
-        return IN_SEGMENT
+            return _GONE
+        return _WAITING
     try:
-        progress = SegmentLease.decode(body).progress
+        return SegmentLease.decode(body).progress
     except SegmentError:
-        return IN_SEGMENT  # cannot tell: its next holder takes it over afresh anyway
-    return None if index is not None and progress.is_settled(index) else IN_SEGMENT
+        return _WAITING
 
 
 def pending_key(ctx: Context, topic: str, dl: DeadLetter) -> str | None:

@@ -21,7 +21,10 @@ LastModified of the entry, which a polling consumer rewrites once a
 ``registry.heartbeat_interval_seconds``; it is alive while that is within
 ``LIVENESS_HEARTBEATS`` intervals of the listing's server time (as :func:`.registry.rank`
 judges). The registry does not record which topics a consumer reads (pawn-queue's JSON
-shape), so every registered consumer is listed, and ``topics`` is None.
+shape), so every registered consumer is listed, and ``topics`` is None: the consumers
+are the queue's, the same list for every topic. The registry is listed with a bound of
+its own (``max_keys`` entries): :attr:`TopicStats.consumers_exact` says whether the
+list is whole, and ``exact`` is about the topic's own listings only.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ class TopicStats:
     counts then cover the first ``max_keys`` keys of a prefix: a lower bound, except
     that pending may hold leased messages whose lease was past the bound);
     ``requests``: the requests this call made for it; ``consumers``: the registered
-    consumers."""
+    consumers of the QUEUE, not of this topic (the registry does not record which
+    topics each reads: every topic of one call carries the same list);
+    ``consumers_exact``: False when the registry listing stopped at ``max_keys`` (the
+    first ``max_keys`` entries are listed)."""
 
     topic: str
     packed: bool
@@ -101,6 +107,7 @@ class TopicStats:
     server_time: datetime | None
     requests: int
     consumers: tuple[ConsumerStatus, ...] = ()
+    consumers_exact: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: times as ISO 8601, consumers as dicts."""
@@ -163,18 +170,32 @@ class _Reader:
 
 #: Consumer registry key -> name, per context: an entry's key is derived from its name
 #: (or, written by pawn-queue, random and never reused), so a name read once stays true.
+#: Only the keys of the last listing are kept (pawn-queue's random keys come and go: a
+#: long-running dashboard or metrics process would keep every key it ever saw).
 _NAMES: weakref.WeakKeyDictionary[Context, dict[str, str]] = weakref.WeakKeyDictionary()
 _NAMES_LOCK = threading.Lock()
 
 
-def _consumers(reader: _Reader) -> tuple[ConsumerStatus, ...]:
-    """Every registered consumer, by name: one LIST, and a GET per entry not read yet."""
-    ctx = reader.ctx
+@attrs.frozen
+class _Consumers:
+    """The registry as one count read it: the consumers, and whether the listing was
+    whole."""
+
+    listed: tuple[ConsumerStatus, ...]
+    exact: bool
+
+
+def _consumers(ctx: Context, max_keys: int | None, cost: _Reader) -> _Consumers:
+    """Every registered consumer (at most ``max_keys``), by name: a LIST per 1,000, and
+    a GET per entry not read yet, counted in ``cost.requests``. A reader of its own: a
+    registry cut at the bound says nothing of a topic's counts."""
+    reader = _Reader(ctx, max_keys)
     objects = reader.list(_CONSUMERS)
     now = reader.server_time
     window = LIVENESS_HEARTBEATS * ctx.config.registry.heartbeat_interval_seconds
     with _NAMES_LOCK:
-        names = _NAMES.setdefault(ctx, {})
+        names = _NAMES.get(ctx, {})
+    kept: dict[str, str] = {}
     out: list[ConsumerStatus] = []
     for info in objects:
         name = names.get(info.key)
@@ -185,13 +206,16 @@ def _consumers(reader: _Reader) -> tuple[ConsumerStatus, ...]:
                 continue  # removed since the listing
             except (ValueError, KeyError, TypeError):
                 name = None  # unreadable: listed by id
-            else:
-                names[info.key] = name
+        if name is not None:
+            kept[info.key] = name
         seen = info.last_modified
         alive = now is None or seen is None or (now - seen).total_seconds() <= window
         entity = info.key[len(_CONSUMERS):].removesuffix(".json")
         out.append(ConsumerStatus(id=entity, name=name, last_seen=seen, alive=alive))
-    return tuple(sorted(out, key=lambda c: (c.name or "", c.id)))
+    with _NAMES_LOCK:
+        _NAMES[ctx] = kept
+    cost.requests += reader.requests
+    return _Consumers(tuple(sorted(out, key=lambda c: (c.name or "", c.id))), reader.exact)
 
 
 # -- one topic ------------------------------------------------------------------------------
@@ -220,7 +244,7 @@ def _key_time(key: str) -> datetime | None:
         return None
 
 
-def _topic(reader: _Reader, topic: str, consumers: tuple[ConsumerStatus, ...]) -> TopicStats:
+def _topic(reader: _Reader, topic: str, consumers: _Consumers) -> TopicStats:
     """Count ``topic`` (TopicNotFoundError when its marker is not there)."""
     ctx = reader.ctx
     # One LIST of the topic's dot-objects: its marker and, packed, its manifest.
@@ -243,7 +267,8 @@ def _topic(reader: _Reader, topic: str, consumers: tuple[ConsumerStatus, ...]) -
     return TopicStats(
         topic=topic, packed=packed, pending=tally.pending, in_flight=tally.in_flight,
         dead_lettered=dead, delayed=delayed, oldest_pending_age_seconds=age,
-        exact=reader.exact, server_time=now, requests=reader.requests, consumers=consumers,
+        exact=reader.exact, server_time=now, requests=reader.requests,
+        consumers=consumers.listed, consumers_exact=consumers.exact,
     )
 
 
@@ -321,13 +346,13 @@ def stats(ctx: Context, topic: str, max_keys: int | None = MAX_KEYS) -> TopicSta
     """``topic``'s counts and the registered consumers. Cost: one LIST of the topic's
     marker and manifest, a LIST per 1,000 keys (at most ``max_keys``) of ``leases/``,
     ``messages/``, ``dead-letter/``, ``delayed/``, and on a packed topic of
-    ``segments/`` and ``segment-leases/`` plus a GET per segment lease; one LIST of the
-    consumer registry and a GET per entry this process has not read before."""
+    ``segments/`` and ``segment-leases/`` plus a GET per segment lease; a LIST per
+    1,000 entries (at most ``max_keys``) of the consumer registry and a GET per entry
+    this process has not read before."""
     check_limit("max_keys", max_keys)
     layout.validate_topic(topic)
     reader = _Reader(ctx, max_keys)
-    consumers = _consumers(reader)
-    return _topic(reader, topic, consumers)
+    return _topic(reader, topic, _consumers(ctx, max_keys, reader))
 
 
 def stats_all(ctx: Context, max_keys: int | None = MAX_KEYS) -> list[TopicStats]:
@@ -338,7 +363,7 @@ def stats_all(ctx: Context, max_keys: int | None = MAX_KEYS) -> list[TopicStats]
     check_limit("max_keys", max_keys)
     reader = _Reader(ctx, max_keys)
     _, prefixes = reader.children("")
-    consumers = _consumers(reader)
+    consumers = _consumers(ctx, max_keys, reader)
     out: list[TopicStats] = []
     for prefix in sorted(prefixes):
         name = prefix.rstrip("/")
