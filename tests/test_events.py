@@ -181,7 +181,7 @@ def test_a_failed_poll_is_a_poll_error_event() -> None:
     seen, broken = Recorder(), threading.Event()
 
     def hooks(op: str, key: str) -> None:
-        if broken.is_set() and op == "list" and "/messages/" in key:
+        if broken.is_set() and op == "list" and key.startswith(f"{TOPIC}/"):  # any listing
             raise StorageError("the store is down", key=key)
 
     pq = memory_queue(topics=[TOPIC], hooks=hooks)
