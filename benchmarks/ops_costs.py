@@ -174,6 +174,7 @@ def ops_markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     lines = [
+        "",
         "### Delayed and deduplicated messages (issue 16)",
         "",
         "Requests per message, ours only (pawn-queue 0.1.x has neither feature); one "
