@@ -115,7 +115,8 @@ def cmd_peek(args: argparse.Namespace) -> int:
     table(["id", "created at", "attempts", "leased", "payload"],
           [[m.id or "-", m.created_at or "-", str(m.attempts), "yes" if m.leased else "",
             m.payload if m.error is None else f"({m.error})"] for m in found],
-          title=f"{args.topic}: {len(found)} oldest pending")
+          title=f"{args.topic}: {len(found)} oldest pending" if found
+          else f"{args.topic}: nothing pending")
     return EXIT_OK
 
 

@@ -13,7 +13,7 @@ import stat
 import sys
 from typing import Any
 
-from ..config import load_config
+from ..config import PawnQueueConfig, load_config
 from ..queue.core import PawnQueue
 
 
@@ -86,6 +86,11 @@ def end_progress() -> None:
         emit("")
 
 
+#: Configuration files a reader may expect a command to read: it reads none without
+#: ``--config`` (see :func:`unread_config_note`).
+CONFIG_NAMES = ("config.yaml", "config.yml", "pawnqueue.yaml")
+
+
 def open_queue(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> PawnQueue:
     """The queue of ``--config`` (or the environment), with ``overrides`` on top."""
     config = load_config(args.config) if args.config else load_config(overrides or None)
@@ -94,7 +99,24 @@ def open_queue(args: argparse.Namespace, overrides: dict[str, Any] | None = None
         for section, values in overrides.items():
             merged.setdefault(section, {}).update(values)
         config = load_config(merged)
+    note = unread_config_note(args.config, config)
+    if note:
+        print(f"pawnq: {note}", file=sys.stderr, flush=True)
     return PawnQueue(config)
+
+
+def unread_config_note(config_arg: object, config: PawnQueueConfig) -> str | None:
+    """A warning when a command falls back to the local store while a configuration
+    file sits in the working directory: ``--config`` is the only way a command reads
+    one, and a reader who set up S3 in ``config.yaml`` would otherwise write to a
+    stray local store without a word. None when there is nothing to say."""
+    if config_arg or config.s3 is not None:
+        return None
+    found = [name for name in CONFIG_NAMES if os.path.isfile(name)]
+    if not found:
+        return None
+    return (f"no --config: using the local store in {config.local.path} "
+            f"(./{found[0]} is read only with --config {found[0]})")
 
 
 def count(minimum: int) -> Any:

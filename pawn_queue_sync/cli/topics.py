@@ -7,8 +7,10 @@ import json
 import sys
 from typing import Any
 
+from ..errors import TopicNotEmptyError
+from ..queue.core import PawnQueue
 from .exits import EXIT_OK, EXIT_USAGE
-from .shared import emit, open_queue
+from .shared import CliError, emit, open_queue
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -25,7 +27,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     with open_queue(args) as pq:
         if args.delete:
             for t in args.delete:  # TopicNotEmptyError stops at the first refused
-                n = pq.delete_topic(t, force=args.force)
+                n = _delete(pq, t, args.force)
                 emit(_json({"topic": t, "deleted": n}) if args.json
                      else f"{t}: deleted ({n} objects)")
             return EXIT_OK
@@ -49,6 +51,17 @@ def cmd_topics(args: argparse.Namespace) -> int:
             else:
                 emit(t)
     return EXIT_OK
+
+
+def _delete(pq: PawnQueue, topic: str, force: bool) -> int:
+    """``pq.delete_topic``; a refusal names the CLI's ``--force``, not the library's
+    ``force=True``."""
+    try:
+        return pq.delete_topic(topic, force=force)
+    except TopicNotEmptyError as exc:
+        raise CliError(f"TopicNotEmptyError: topic {topic!r} is not empty ({exc.what}); "
+                       f"pawnq topics --delete {topic} --force deletes it with "
+                       "everything in it") from exc
 
 
 def _json(doc: dict[str, Any]) -> str:

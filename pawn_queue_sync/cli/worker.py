@@ -115,7 +115,7 @@ def add_worker_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_worker(args: argparse.Namespace) -> int:
     """Run the pool described by parsed ``worker`` arguments; the exit status."""
     from ..errors import MissingExtra
-    from ..workers import RET_CONFIG, WorkerPool
+    from ..workers import RET_CONFIG, RET_OK, WorkerPool
 
     _prepend_import_paths(args.sys_path or [])
     config = getattr(args, "config", None)
@@ -134,7 +134,42 @@ def run_worker(args: argparse.Namespace) -> int:
     except (ValueError, MissingExtra) as exc:
         log.error("%s", exc)
         return RET_CONFIG
-    return pool.run()
+    if config is None:
+        _note_unread_config()
+    print(_start_line(args), flush=True)
+    status = pool.run()
+    if status == RET_OK:
+        print("pawnq worker: stopped", flush=True)
+    return status
+
+
+def _note_unread_config() -> None:
+    """Say on stderr when the workers will use the local store while a ``config.yaml``
+    (read only with ``--config``) sits in the working directory."""
+    from ..config import load_config
+    from ..errors import ConfigError
+    from .shared import unread_config_note
+
+    try:
+        note = unread_config_note(None, load_config(None))
+    except ConfigError:  # the pool reports a bad configuration itself
+        return
+    if note:
+        print(f"pawnq worker: {note}", file=sys.stderr, flush=True)
+
+
+def _start_line(args: argparse.Namespace) -> str:
+    """What ``pawnq worker`` prints before it starts: what runs, and where its metrics
+    are served (logging is at WARNING unless -v: the pool's own lines are INFO)."""
+    line = (f"pawnq worker: starting {args.processes} process(es) x {args.threads} "
+            f"thread(s) of {args.handler} on {', '.join(args.topics)}")
+    port = getattr(args, "metrics_port", None)
+    if port is not None:
+        addr = getattr(args, "metrics_addr", "127.0.0.1")
+        host = f"[{addr}]" if ":" in addr else addr
+        line += (f"; metrics at http://{host}:{port}/metrics" if port
+                 else f"; metrics on a free port of {addr} (-v logs which)")
+    return line + "; SIGTERM or Ctrl-C stops it gracefully"
 
 
 def _prepend_import_paths(dirs: Sequence[str]) -> None:

@@ -187,7 +187,7 @@ class PollingConfig:
             raise ConfigError(
                 "polling.visibility_timeout_seconds",
                 f"must be at least {MIN_VISIBILITY_TIMEOUT_SECONDS:g} s, got "
-                f"{self.visibility_timeout_seconds:g}: an ack deletes without asking the "
+                f"{self.visibility_timeout_seconds!r}: an ack deletes without asking the "
                 f"server only while the lease is younger than the timeout minus the "
                 f"fence margin ({FENCE_MARGIN_MIN_SECONDS:g} s at least, for the DELETE "
                 f"to land), so a shorter timeout leaves under 1 s to ack after a refresh "
@@ -197,8 +197,8 @@ class PollingConfig:
             raise ConfigError(
                 "polling.lease_refresh_interval_seconds",
                 f"must be < polling.visibility_timeout_seconds "
-                f"({self.visibility_timeout_seconds:g}), got "
-                f"{self.lease_refresh_interval_seconds:g} (its default is 10: lower it "
+                f"({self.visibility_timeout_seconds!r}), got "
+                f"{self.lease_refresh_interval_seconds!r} (its default is 10: lower it "
                 "with a short visibility timeout, e.g. to a third of it)",
             )
 
@@ -345,8 +345,8 @@ class PublishingConfig:
         if self.max_delay_seconds > MAX_DELAY_CEILING_SECONDS:
             raise ConfigError(
                 "publishing.max_delay_seconds",
-                f"must be <= {MAX_DELAY_CEILING_SECONDS:g} (10 years), got "
-                f"{self.max_delay_seconds:g}",
+                f"must be <= {MAX_DELAY_CEILING_SECONDS:.0f} (10 years), got "
+                f"{self.max_delay_seconds!r}",
             )
         least = self.max_payload_bytes + SEGMENT_HEADER_ROOM
         if self.max_segment_bytes == DEFAULT_SEGMENT_BYTES < least:

@@ -158,6 +158,11 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
         timeout = REQUEST_TIMEOUT
         body_read = False
 
+        def version_string(self) -> str:
+            """The ``Server:`` header: our name only (the base class appends
+            ``sys_version`` after a space, even an empty one)."""
+            return self.server_version
+
         def parse_request(self) -> bool:
             self.body_read = False  # per request: a kept-alive connection has several
             return super().parse_request()
