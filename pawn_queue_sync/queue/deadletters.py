@@ -227,8 +227,8 @@ class RedriveResult:
 def redrive(ctx: Context, topic: str, max: int | None = None, rate: float | None = None,
             progress: Callable[[int], None] | None = None) -> RedriveResult:
     """Move ``topic``'s dead letters back into ``{topic}/messages/`` (at most ``max``,
-    at most ``rate`` per second), oldest key first; ``progress`` is called with the
-    number examined so far after each one.
+    at most ``rate`` per second), in key order (random ids: not oldest first);
+    ``progress`` is called with the number examined so far after each one.
 
     Each move: the message is written, with its id and ``created_at``, its delivery
     records dropped (``attempts`` 0; ``last_error`` goes: the dead letter's reason,
