@@ -172,17 +172,23 @@ class EventBus:
     def _run(self) -> None:
         try:
             self._dispatch()
-        finally:  # an end other than close(): the next publish starts another thread
+        except BaseException:  # an abnormal end: the next publish starts another thread
             with self._lock:
                 if self._thread is threading.current_thread():
                     self._thread = None
+            raise
 
     def _dispatch(self) -> None:
         while True:
             with self._lock:
                 while not self._queue and not self._closing:
                     self._ready.wait()
-                if not self._queue:  # closing, and everything handed out
+                if not self._queue:  # closing, and everything handed out: the end is
+                    # decided and recorded in one critical section, so an open() and a
+                    # publish() after it start a new thread (they never see this one as
+                    # the dispatcher while it ends)
+                    if self._thread is threading.current_thread():
+                        self._thread = None
                     return
                 event, also = self._queue.popleft()
                 callbacks = self._callbacks
