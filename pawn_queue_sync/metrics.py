@@ -163,16 +163,20 @@ _GAUGES: dict[str, tuple[str, Callable[[Any], float | None]]] = {
 _CONSUMERS_ALIVE = ("consumers_alive", "Registered consumers of the queue (every topic: "
                     "the registry does not record which topics each reads) alive by "
                     "their heartbeat")
+_CONSUMERS_EXACT = ("consumers_exact", "1 when the consumer registry was listed whole, 0 "
+                    "when the listing stopped at its bound (consumers_alive is then a "
+                    "lower bound)")
 
 
 class QueueDepthCollector:
     """A Prometheus collector of queue depth gauges (``pawnq_topic_pending_messages``,
     ``..._in_flight_messages``, ``..._dead_letters``, ``..._delayed_messages``,
     ``..._oldest_pending_age_seconds``, ``..._stats_exact``, each by topic, and
-    ``pawnq_consumers_alive``, the queue's, without a label) from ``pq.stats(topic)``
-    (or ``pq.stats_all()`` without ``topics``), asked at scrape time at most once per
-    ``min_interval`` seconds. A failing ``stats()`` is logged (at most once a minute)
-    and the last answer kept.
+    ``pawnq_consumers_alive`` and ``pawnq_consumers_exact``, the queue's, without a
+    label, from ``pq.consumers()``: present with no topic as well) from
+    ``pq.stats(topic)`` (or ``pq.stats_all()`` without ``topics``), asked at scrape
+    time at most once per ``min_interval`` seconds. A failing ``stats()`` is logged
+    (at most once a minute) and the last answer kept.
 
     ``pq`` may be a callable returning the queue (built on first use: the worker pool's
     supervisor builds one only when scraped)."""
@@ -190,6 +194,7 @@ class QueueDepthCollector:
         self._clock = clock
         self._lock = threading.Lock()
         self._stats: list[Any] = []
+        self._consumers: tuple[list[Any], bool] | None = None
         self._at: float | None = None
         self._logged_at = float("-inf")
         #: how many times ``stats()`` was asked (each costs the store requests)
@@ -209,10 +214,14 @@ class QueueDepthCollector:
                 if value is not None:
                     family.add_metric([topic_stats.topic], float(value))
             yield family
-        if stats:  # every TopicStats carries the same registry listing
+        consumers = self._consumers
+        if consumers is not None:  # the queue's, with or without a topic
+            listed, exact = consumers
             name, doc = _CONSUMERS_ALIVE
             yield gauge(f"{self._namespace}_{name}", doc,
-                        value=sum(1 for c in stats[0].consumers if c.alive))
+                        value=sum(1 for c in listed if c.alive))
+            name, doc = _CONSUMERS_EXACT
+            yield gauge(f"{self._namespace}_{name}", doc, value=1.0 if exact else 0.0)
 
     def _current(self) -> list[Any]:
         with self._lock:  # one refresh at a time; concurrent scrapes share it
@@ -227,6 +236,7 @@ class QueueDepthCollector:
                     self._stats = list(pq.stats_all())
                 else:
                     self._stats = [pq.stats(t) for t in self._topics]
+                self._consumers = pq.consumers()
                 self.refreshes += 1
             except (PawnQueueError, OSError) as exc:
                 if now - self._logged_at >= _ERROR_LOG_INTERVAL_S:

@@ -1,7 +1,8 @@
 """``pawnq stats [TOPIC] [--watch [SECONDS]] [--json]``: what topics hold and who consumes
 them (:meth:`~pawn_queue_sync.PawnQueue.stats` / ``stats_all``), once or refreshed.
 
-A table of topics and one of consumers for people; ``--json`` prints one JSON document
+A table of topics and one of consumers for people (the queue's consumers, also when it
+has no topic: ``pq.consumers()``); ``--json`` prints one JSON document
 a line (a topic's object with TOPIC, else a list of them), one per refresh with
 ``--watch``. ``--watch`` redraws in place on a terminal (``rich``'s live display) and
 appends otherwise; Ctrl-C ends it with ``EXIT_OK``. A refresh that fails after the
@@ -15,13 +16,13 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import PawnQueueError
 from ..queue.core import PawnQueue
-from ..queue.topic_stats import MAX_KEYS, TopicStats
+from ..queue.topic_stats import MAX_KEYS, ConsumerStatus, TopicStats
 from .exits import EXIT_OK, EXIT_USAGE
 from .shared import count, emit, open_queue, positive_seconds
 from .tables import render_table
@@ -35,6 +36,10 @@ MIN_WATCH_SECONDS = 1.0
 #: The longest ``--watch`` interval (a day; inf would not sleep).
 MAX_WATCH_SECONDS = 86400.0
 
+#: What one read gives: the topics' stats, and the queue's consumers and whether that
+#: list is whole when no topic carries them (``pq.consumers()``; None otherwise).
+_Found = tuple[list[TopicStats], "tuple[list[ConsumerStatus], bool] | None"]
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     try:
@@ -43,10 +48,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"pawnq stats: --watch {exc}", file=sys.stderr)
         return EXIT_USAGE
     with open_queue(args) as pq:
-        def read() -> list[TopicStats]:
+        def read() -> _Found:
             if args.topic:
-                return [pq.stats(args.topic, max_keys=args.max_keys)]
-            return pq.stats_all(max_keys=args.max_keys)
+                return [pq.stats(args.topic, max_keys=args.max_keys)], None
+            every = pq.stats_all(max_keys=args.max_keys)
+            # no topic carries the registry listing: the queue's consumers on their own
+            return every, None if every else pq.consumers(max_keys=args.max_keys)
 
         if args.watch is None:
             _show(read(), args)
@@ -75,7 +82,7 @@ def _watch_seconds(topic: str | None, watch: str | None) -> tuple[str | None, fl
     return topic, seconds
 
 
-def _watch(pq: PawnQueue, read: Callable[[], list[TopicStats]], args: argparse.Namespace
+def _watch(pq: PawnQueue, read: Callable[[], _Found], args: argparse.Namespace
            ) -> None:
     """Refresh every ``args.watch`` seconds until Ctrl-C; the first failure ends it (a
     topic or store that is not there), later ones are reported and retried."""
@@ -101,7 +108,7 @@ def _watch(pq: PawnQueue, read: Callable[[], list[TopicStats]], args: argparse.N
                 _show(found, args)
             else:
                 head = (f"every {args.watch:g}s, Ctrl-C to stop; "
-                        f"{_when(found[0].server_time if found else None)}")
+                        f"{_when(found[0][0].server_time if found[0] else None)}")
                 draw([head, *_lines(found, args)])
             time.sleep(args.watch)
             try:
@@ -114,30 +121,35 @@ def _watch(pq: PawnQueue, read: Callable[[], list[TopicStats]], args: argparse.N
             live.stop()
 
 
-def _show(found: list[TopicStats], args: argparse.Namespace) -> None:
+def _show(read: _Found, args: argparse.Namespace) -> None:
+    found = read[0]
     if args.json:
         doc: Any = found[0].to_dict() if args.topic else [s.to_dict() for s in found]
         emit(json.dumps(doc, ensure_ascii=False))
     else:
-        emit(*_lines(found, args))
+        emit(*_lines(read, args))
 
 
-def _lines(found: list[TopicStats], args: argparse.Namespace) -> list[str]:
-    """The tables: topics, then consumers, then what it cost."""
+def _lines(read: _Found, args: argparse.Namespace) -> list[str]:
+    """The tables: topics, then consumers, then what it cost (the topics' requests)."""
+    found, queue_consumers = read
     rows = [[s.topic, "packed" if s.packed else "plain", str(s.pending), str(s.in_flight),
              str(s.delayed), str(s.dead_lettered), _age(s.oldest_pending_age_seconds),
              "all" if s.exact else f"first {args.max_keys} keys"] for s in found]
     lines = render_table(["topic", "kind", "pending", "in flight", "delayed", "dead",
                           "oldest pending", "counted"], rows,
                          title=None if rows else "no topics")
-    consumers = found[0].consumers if found else ()
+    consumers: Sequence[ConsumerStatus] = found[0].consumers if found else ()
+    exact = found[0].consumers_exact if found else True
+    if queue_consumers is not None:
+        consumers, exact = queue_consumers
     if consumers:
-        now = found[0].server_time
+        now = found[0].server_time if found else datetime.now(timezone.utc)
         alive = sum(c.alive for c in consumers)
         rows = [[c.name or "(unreadable entry)", c.id, _seen(c.last_seen, now),
                  "yes" if c.alive else "no"] for c in consumers]
         lines.append("")
-        cut = "" if found[0].consumers_exact else f" in the first {args.max_keys} entries"
+        cut = "" if exact else f" in the first {args.max_keys} entries"
         lines += render_table(["consumer", "id", "last seen", "alive"], rows,
                               title=f"consumers ({alive} alive of {len(consumers)}{cut})")
     lines.append(f"{sum(s.requests for s in found)} requests")

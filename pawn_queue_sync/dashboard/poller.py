@@ -184,6 +184,7 @@ class Poller:
             return {
                 "topics": reading.topics if reading else [],
                 "consumers": reading.consumers if reading else [],
+                "consumers_exact": reading.consumers_exact if reading else True,
                 "server_time": reading.server_time if reading else None,
                 "polled": reading is not None,
                 "age_seconds": None if self._polled_at is None else round(now - self._polled_at, 1),

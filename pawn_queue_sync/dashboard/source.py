@@ -2,8 +2,9 @@
 
 ``pq.stats_all()``: each topic's ``TopicStats.to_dict()`` (the page reads ``topic``,
 ``packed``, ``pending``, ``in_flight``, ``delayed``, ``dead_lettered``,
-``oldest_pending_age_seconds``, ``exact`` and ``requests``) and the consumers (``id``,
-``name``, ``last_seen``, ``alive``). Nothing from the configuration goes in but the
+``oldest_pending_age_seconds``, ``exact`` and ``requests``); ``pq.consumers()``: the
+queue's consumers (``id``, ``name``, ``last_seen``, ``alive``), with no topic as well,
+and whether that list is whole (``consumers_exact``). Nothing from the configuration goes in but the
 store's :meth:`~pawn_queue_sync.storage.base.Store.describe` (endpoint with any
 credentials masked, and the bucket).
 
@@ -31,27 +32,26 @@ PAYLOAD_CHARS = 2000
 
 @attrs.frozen
 class Reading:
-    """One poll: each topic's counts and the consumers, as JSON-ready dicts."""
+    """One poll: each topic's counts and the consumers, as JSON-ready dicts;
+    ``consumers_exact`` False when the registry listing stopped at its bound (the
+    consumers are then its first entries)."""
 
     topics: list[dict[str, Any]]
     consumers: list[dict[str, Any]]
     server_time: str | None
+    consumers_exact: bool = True
 
 
 def read_stats(pq: PawnQueue, max_keys: int = MAX_KEYS) -> Reading:
-    """Every topic's counts (``pq.stats_all``) and the registered consumers (the same
-    in every topic's stats: the registry does not record who reads what), JSON-ready."""
+    """Every topic's counts (``pq.stats_all``) and the queue's registered consumers
+    (``pq.consumers``: the registry does not record who reads what, and a queue with
+    no topic has consumers too), JSON-ready."""
     rows = [s.to_dict() for s in pq.stats_all(max_keys=max_keys)]
-    consumers: dict[str, dict[str, Any]] = {}
     for row in rows:
-        for c in row.pop("consumers", None) or []:
-            consumers.setdefault(c["id"], c)
+        row.pop("consumers", None)  # the queue's, read once below
+    listed, exact = pq.consumers(max_keys=max_keys)
     times = [r["server_time"] for r in rows if r.get("server_time")]
-    return Reading(rows, sorted(consumers.values(), key=_by_name), max(times, default=None))
-
-
-def _by_name(row: dict[str, Any]) -> tuple[str, str]:
-    return (str(row.get("name") or ""), str(row.get("id") or ""))
+    return Reading(rows, [c.to_dict() for c in listed], max(times, default=None), exact)
 
 
 def read_dead_letters(pq: PawnQueue, topic: str, limit: int = LETTERS_SHOWN

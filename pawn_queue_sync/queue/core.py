@@ -204,6 +204,14 @@ class PawnQueue:
         """:meth:`stats` of every topic, by name (the registry read once)."""
         return counting.stats_all(self.context, max_keys)
 
+    def consumers(self, *, max_keys: int | None = counting.MAX_KEYS
+                  ) -> tuple[list[counting.ConsumerStatus], bool]:
+        """The queue's registered consumers, alive or not, and whether the list is whole
+        (False: cut at ``max_keys`` registry entries). Apart from any topic: a queue
+        with no topic lists its consumers too. See
+        :func:`~pawn_queue_sync.queue.topic_stats.consumers`."""
+        return counting.consumers(self.context, max_keys)
+
     def delete_topic(self, name: str, force: bool = False) -> int:
         """Delete a topic; the number of objects deleted. Refuses
         (:class:`~pawn_queue_sync.errors.TopicNotEmptyError`) while it holds messages,

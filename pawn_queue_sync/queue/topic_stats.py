@@ -24,7 +24,9 @@ judges). The registry does not record which topics a consumer reads (pawn-queue'
 shape), so every registered consumer is listed, and ``topics`` is None: the consumers
 are the queue's, the same list for every topic. The registry is listed with a bound of
 its own (``max_keys`` entries): :attr:`TopicStats.consumers_exact` says whether the
-list is whole, and ``exact`` is about the topic's own listings only.
+list is whole, and ``exact`` is about the topic's own listings only. :func:`consumers`
+(``pq.consumers()``) reads the registry alone: the queue's consumers whether or not
+it has a topic.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .context import Context
 from .deadletters import check_limit
 from .registry import LIVENESS_HEARTBEATS, RegistryEntry
 
-__all__ = ["ConsumerStatus", "TopicStats", "stats", "stats_all"]
+__all__ = ["ConsumerStatus", "TopicStats", "consumers", "stats", "stats_all"]
 
 #: Keys per ListObjectsV2 page (S3's maximum): what a listing costs in requests.
 PAGE = 1000
@@ -353,6 +355,17 @@ def stats(ctx: Context, topic: str, max_keys: int | None = MAX_KEYS) -> TopicSta
     layout.validate_topic(topic)
     reader = _Reader(ctx, max_keys)
     return _topic(reader, topic, _consumers(ctx, max_keys, reader))
+
+
+def consumers(ctx: Context, max_keys: int | None = MAX_KEYS
+              ) -> tuple[list[ConsumerStatus], bool]:
+    """The registered consumers of the queue, by name, alive or not, and whether the
+    list is whole (False: the registry listing stopped at ``max_keys`` entries, the
+    list is its first ones). With no topic as with many. Cost: a LIST per 1,000
+    entries, and a GET per entry this process has not read before."""
+    check_limit("max_keys", max_keys)
+    read = _consumers(ctx, max_keys, _Reader(ctx, max_keys))
+    return list(read.listed), read.exact
 
 
 def stats_all(ctx: Context, max_keys: int | None = MAX_KEYS) -> list[TopicStats]:

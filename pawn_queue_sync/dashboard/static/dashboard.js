@@ -147,6 +147,10 @@ function renderConsumers(d) {
   const body = $("consumers").tBodies[0];
   body.replaceChildren();
   $("no-consumers").hidden = d.consumers.length > 0 || !d.polled;
+  // consumers_exact false: the registry listing stopped at its bound
+  $("consumers-cut").hidden = d.consumers_exact !== false;
+  $("consumers-cut").textContent =
+    `The first ${d.consumers.length} consumers of more (the registry listing stopped at its bound).`;
   for (const c of d.consumers) {
     body.append(el("tr", { "data-consumer": c.id },
       el("td", {}, c.name || "(unreadable entry)"),
