@@ -74,6 +74,7 @@ class Poller:
         self._history: deque[dict[str, Any]] = deque()
         self._letter_cache: dict[str, tuple[float, list[dict[str, Any]]]] = {}
         self._letter_locks: dict[str, threading.Lock] = {}
+        self._letter_generation = 0  # bumped by request_poll: older fetches are stale
         self._thread: threading.Thread | None = None
         #: Polls made (each one ``fetch``), and dead-letter fetches.
         self.polls = 0
@@ -206,7 +207,9 @@ class Poller:
 
     def dead_letters(self, topic: str) -> list[dict[str, Any]]:
         """The dead letters of ``topic`` for the browser: fetched at most once per
-        interval, and once for every page that asks at the same time."""
+        interval, and once for every page that asks at the same time. A fetch during
+        which an action asked for a poll (:meth:`request_poll`) is not kept: it may
+        have listed letters the action moved or deleted."""
         if self._letters is None:
             return []
         with self._cond:
@@ -216,11 +219,15 @@ class Poller:
                 cached = self._letter_cache.get(topic)
                 if cached is not None and self._clock.monotonic() - cached[0] < self.interval:
                     return cached[1]
-            started = self._clock.monotonic()
+            with self._cond:
+                started = self._clock.monotonic()
+                generation = self._letter_generation
             letters = self._letters(topic)
             with self._cond:
                 self.letter_fetches += 1
-                self._letter_cache[topic] = (started, letters)
+                if generation == self._letter_generation:  # no action ended meanwhile:
+                    # else the list may predate it, and is not kept for other pages
+                    self._letter_cache[topic] = (started, letters)
             return letters
 
     def wait_for_polls(self, n: int, timeout: float = 60.0) -> bool:
@@ -242,6 +249,7 @@ class Poller:
         the one after)."""
         with self._cond:
             self._letter_cache.clear()
+            self._letter_generation += 1
             self._forced = True
             self._wanted_at = self._clock.monotonic()
             self._cond.notify_all()

@@ -7,8 +7,13 @@ per poll interval), and, with ``--allow-actions`` and the token only, ``POST
 /api/redrive`` and ``POST /api/purge`` (JSON: ``{"topic": T, "keys": [...]}`` or
 ``{"topic": T, "all": true}``; purge takes ``"letters": {key: etag}``). Every check is
 in :mod:`.security`. A request whose body is not read (refused, chunked, cut short)
-gets ``Connection: close``, so its bytes are never read as a next request; a connection
-silent for :data:`REQUEST_TIMEOUT` seconds (between requests, or within one) is closed.
+gets ``Connection: close``, so its bytes are never read as a next request. Each
+request (its line, headers and body) must arrive within :data:`REQUEST_TIMEOUT` seconds
+of the connection's start or previous answer, however it trickles, else the connection
+is closed; at most :data:`MAX_CONNECTIONS` are open at once, the next get a 503 and are
+closed (:mod:`.httpd`). After :meth:`Dashboard.stop` nothing is served: a request
+that reaches a handler gets a 503 and ``Connection: close``, and the open connections
+are shut down.
 Why the standard library: a page, four JSON routes and a few
 requests a second need nothing more, and the wheel gains no dependency.
 """
@@ -17,10 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,6 +33,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import InvalidArgument, PawnQueueError, TopicNotFoundError
 from ..queue import deadletter_picks
 from ..queue.core import PawnQueue
+from .httpd import TrackedServer, TrackedServerV6
 from .poller import IDLE_AFTER, Poller
 from .security import Guard, check_token, is_loopback, logged_error, new_token, public_error
 from .source import LETTERS_SHOWN, read_dead_letters, read_stats
@@ -45,9 +50,13 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 #: The largest POST body read (a selection of 1,000 keys with their ETags fits).
 MAX_BODY = 1 << 20
-#: Seconds a connection may stay silent (before a request, or within its body) before
-#: the server closes it: an idle or slow client does not hold a thread for ever.
+#: Seconds a connection has to send a whole request (line, headers, body), from its
+#: start or the previous answer, before the server closes it: an idle, slow or
+#: trickling client does not hold a thread for ever.
 REQUEST_TIMEOUT = 30.0
+#: Connections open at once at most (a thread each); the next get a 503 and are closed.
+#: A browser tab keeps up to 6 open.
+MAX_CONNECTIONS = 32
 
 
 class Dashboard:
@@ -73,8 +82,12 @@ class Dashboard:
         self.poller = Poller(lambda: read_stats(pq), interval,
                              letters=lambda topic: read_dead_letters(pq, topic),
                              clock=clock, idle_after=idle_after)
-        server_class = _V6Server if ":" in host.strip("[]") else ThreadingHTTPServer
+        #: Set by :meth:`stop`: every handler refuses from then on.
+        self.stopping = threading.Event()
+        server_class = TrackedServerV6 if ":" in host.strip("[]") else TrackedServer
         self.httpd = server_class((host.strip("[]"), port), _handler(self))
+        self.httpd.request_timeout = REQUEST_TIMEOUT
+        self.httpd.max_connections = MAX_CONNECTIONS
         bound_port = self.httpd.server_address[1]
         self.guard = Guard.build(host, bound_port, token, actions, allowed_hosts, private)
         self.store = pq.store.describe()
@@ -96,8 +109,12 @@ class Dashboard:
 
     def stop(self) -> None:
         """Stop serving and polling, without waiting for a poll under way (see
-        :meth:`Poller.stop`): at most about a second, however the bucket behaves."""
+        :meth:`Poller.stop`): at most about a second, however the bucket behaves.
+        Kept-alive connections are shut down too, and a request already read gets a
+        503: no action runs after this returns."""
+        self.stopping.set()
         self.httpd.shutdown()
+        self.httpd.close_connections()
         self.httpd.server_close()
         self.poller.stop()
         if self._thread is not None:
@@ -146,10 +163,6 @@ class Dashboard:
         return {**result, "poll": self.poller.request_poll()}
 
 
-class _V6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
 def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "pawnq-dashboard"
@@ -163,9 +176,35 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             ``sys_version`` after a space, even an empty one)."""
             return self.server_version
 
+        def handle_one_request(self) -> None:
+            server = self.server
+            assert isinstance(server, TrackedServer)
+            server.arm(self.request)  # the whole request within REQUEST_TIMEOUT
+            try:
+                super().handle_one_request()
+            except OSError:
+                if not server.expired(self.request):
+                    raise
+                self.close_connection = True  # cut off (deadline, stop): no answer
+
         def parse_request(self) -> bool:
             self.body_read = False  # per request: a kept-alive connection has several
-            return super().parse_request()
+            if self._cut_off() or not super().parse_request() or self._cut_off():
+                return False
+            if dash.stopping.is_set():
+                self._send(503, b'{"error": "the dashboard is stopping"}',
+                           "application/json", close=True)
+                return False
+            return True
+
+        def _cut_off(self) -> bool:
+            """The deadline passed (or the server stopped): close, answer nothing."""
+            server = self.server
+            assert isinstance(server, TrackedServer)
+            if server.expired(self.request):
+                self.close_connection = True
+                return True
+            return False
 
         def _body_left(self) -> bool:
             """The request came with a body this handler has not read."""
@@ -176,7 +215,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, body: bytes, content_type: str,
+                  close: bool = False) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
@@ -185,7 +225,7 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             self.send_header("X-Frame-Options", "DENY")
             self.send_header("Referrer-Policy", "no-referrer")
             self.send_header("Content-Security-Policy", _CSP)
-            if self._body_left():  # its bytes must not be read as the next request
+            if close or self._body_left():  # its bytes must not be read as the next request
                 self.send_header("Connection", "close")
             self.end_headers()
             if self.command != "HEAD":
@@ -241,6 +281,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return None
             self.body_read = len(data) == length
+            if self._cut_off():
+                return None
             try:
                 body = json.loads(data)
             except ValueError:
@@ -255,8 +297,11 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
             """Run ``work`` and answer its JSON. A bad request says what is wrong with
             it (the library's own text about the request); any other failure only
             its type and a safe message (:func:`.security.public_error`)."""
+            server = self.server
+            assert isinstance(server, TrackedServer)
+            server.disarm(self.request)  # the request is read: its work is not cut off
             try:
-                return self._json(200, work())
+                answer = work()
             except InvalidArgument as exc:
                 return self._json(400, {"error": str(exc)})
             except Exception as exc:
@@ -266,5 +311,8 @@ def _handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 if status != 404:
                     log.warning("dashboard request failed: %s", logged_error(exc))
                 return self._json(status, {"error": public_error(exc)})
+            finally:
+                server.arm(self.request)  # the answer's write is bounded again
+            return self._json(200, answer)
 
     return Handler
