@@ -18,11 +18,14 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .. import layout
-from ..errors import LeaseLostError, StorageError
+from ..errors import LeaseLostError, PawnQueueError, StorageError
 from ..protocol import lease as leases
+from ..protocol import segments
+from ..protocol.effects import run
 from ..storage.base import Listing
 from . import delayed
 from .claimant import Claimant
+from .context import Context
 from .held import HeldSegment
 from .message import Message
 from .objects import ObjectSource
@@ -230,7 +233,10 @@ class PackedSource:
         then settled in its segment as a nack settles it: a crash in between repeats
         it, never loses it. The lease found lost by that settlement removes the copy
         again (the message is delivered from its segment: the copy would be a third
-        delivery)."""
+        delivery) only when the lease on the server certainly does not record it
+        settled: a LeaseLostError does not prove our write missed (a lost answer, or
+        another thread's write that carried our settlement), and the copy is then the
+        only one left (:func:`_settlement_missing`)."""
         seg = _segment(msg)
         with msg.exclusive():
             if msg.state != "leased" or msg.settling:
@@ -244,8 +250,9 @@ class PackedSource:
                                           deadline=seg.fence_ends())
             try:
                 seg.commit(seg.change(lambda p: p.settle([msg.index])))
-            except LeaseLostError:  # not settled: the segment's next holder delivers it
-                delayed.discard_retry(ctx, msg.topic, *written)
+            except LeaseLostError:
+                if _settlement_missing(ctx, seg, msg.index):  # the next holder delivers it
+                    delayed.discard_retry(ctx, msg.topic, *written)
                 raise
             seg.settled_out(msg.index)
             self._claimant.settled(msg, "released")
@@ -278,6 +285,22 @@ class PackedSource:
             if seg.age() >= half:
                 seg.renew()
             msg.lease_token, msg.lease_written_at = seg.token, seg.written_at
+
+
+def _settlement_missing(ctx: Context, seg: HeldSegment, index: int) -> bool:
+    """Whether the segment's lease, as the server holds it now, certainly does not
+    record message ``index`` settled: read, of this segment, progress not settling it.
+    A lease gone (the segment finished, or reaped), unreadable, or a failed GET is
+    unknown: False, so the caller keeps its copy (a repeat at worst, never a loss)."""
+    try:
+        found = run(segments.load(seg.lease_key), ctx.store, ctx.clock)
+    except PawnQueueError as exc:
+        log.warning("could not read the lease of segment %s after losing it: %s",
+                    seg.segment_id, exc)
+        return False
+    if found is None or found[0].segment_key != seg.key:
+        return False
+    return not found[0].progress.is_settled(index)
 
 
 def _segment(msg: Message) -> HeldSegment:
