@@ -600,11 +600,14 @@ def test_delete_topic_without_force_never_deletes_a_message_published_meanwhile(
     producer = pq.register_producer("p")
     inner_list = store.inner.list
     published: list[str] = []
+    dead_letter_lists: list[str] = []
 
     def listing(prefix: str, *a: Any, **kw: Any) -> Any:
         got = inner_list(prefix, *a, **kw)
-        if prefix == layout.segment_leases_prefix(TOPIC) and not published:
-            published.append(producer.publish(TOPIC, {"late": 1}))  # after the check
+        if prefix == layout.dead_letter_prefix(TOPIC):
+            dead_letter_lists.append(prefix)
+            if len(dead_letter_lists) == 2 and not published:  # the check's last LIST
+                published.append(producer.publish(TOPIC, {"late": 1}))  # after the check
         return got
 
     store.inner.list = listing  # type: ignore[method-assign]

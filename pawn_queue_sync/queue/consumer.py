@@ -139,7 +139,13 @@ class Consumer:
             except Exception as exc:
                 self._claimant.emit("poll_error", topic, None,
                                     error=f"{type(exc).__name__}: {exc}")
-                raise
+                if not got:
+                    raise
+                # raising would strand what this poll claimed on other topics (leased,
+                # never handed out): return it, and log as a failed topic is logged
+                log.error("poll of topic %r failed (returning %d message(s) claimed on "
+                          "other topics): %s: %s", topic, len(got), type(exc).__name__, exc)
+                break
         if failed and not got:
             topic, exc = failed[0]
             for other, error in failed[1:]:

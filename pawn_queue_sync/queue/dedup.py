@@ -151,22 +151,28 @@ class _Marker:
 
     @classmethod
     def decode(cls, body: bytes) -> _Marker | None:
-        """The marker in ``body``, or None when it is not one (a foreign object)."""
+        """The marker in ``body``, or None when it is not one: a foreign object of any
+        shape (nested past the recursion limit, a delay no float holds, ...), which
+        the caller handles as such (replaced, as an expired marker is)."""
         try:
-            doc: Any = json.loads(body)
-            fields = {f: doc[f] for f in ("dedup_id", "message_id", "created_at",
-                                          "state", "nonce")}
-            if not all(isinstance(v, str) for v in fields.values()):
-                return None
-            datetime.fromisoformat(fields["created_at"])
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            return cls._parse(body)
+        except Exception:  # whatever a foreign body makes the parser raise
             return None
+
+    @classmethod
+    def _parse(cls, body: bytes) -> _Marker | None:
+        doc: Any = json.loads(body)
+        fields = {f: doc[f] for f in ("dedup_id", "message_id", "created_at",
+                                      "state", "nonce")}
+        if not all(isinstance(v, str) for v in fields.values()):
+            return None
+        datetime.fromisoformat(fields["created_at"])
         if fields["state"] not in ("writing", "written", "failed"):
             return None
         known = "delay_seconds" in doc
         delay = doc.get("delay_seconds")
         if delay is not None and (isinstance(delay, bool)
-                                  or not isinstance(delay, (int, float)) or delay <= 0):
+                                  or not isinstance(delay, (int, float)) or not delay > 0):
             return None
         return cls(**fields, delay=None if delay is None else float(delay),
                    delay_known=known)

@@ -224,14 +224,19 @@ class PromotionLock:
 def _lifetime(body: bytes, default: float) -> float:
     """How long a promotion lock lives, as its holder stated in its body (its
     visibility timeout: consumers configured with another one judge it by the
-    holder's); ``default`` for a lock without it (an older version's, unreadable)."""
+    holder's); ``default`` for a lock without it (an older version's, unreadable, or a
+    foreign body of any shape: nested past the recursion limit, a number no float
+    holds; nothing a body holds may break the poll that reads it)."""
     try:
         value = json.loads(body).get("lifetime_seconds")
-    except (ValueError, AttributeError):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return default
+        lifetime = float(value)
+    except Exception:  # any foreign body: ValueError, RecursionError, OverflowError...
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not lifetime > 0:  # NaN too; inf is capped below
         return default
-    return min(float(value), max(MAX_LOCK_LIFETIME_SECONDS, default))
+    return min(lifetime, max(MAX_LOCK_LIFETIME_SECONDS, default))
 
 
 def _promote_all(ctx: Context, topic: str, due: list[tuple[str, layout.DelayedName]],
@@ -293,22 +298,24 @@ class Promoter:
         self._on_promoted = on_promoted
 
     def run_due(self, topic: str, first: Listing | None = None) -> int:
-        """A pass over ``topic`` if none ran within a poll interval, or on ``first``
-        (an idle poll's page of the first delayed keys: a pass that lists nothing
-        itself unless the page is cut with all of it near due, which waits for the
-        interval too) unless a cut pass is to go on from where it stopped; how many
-        messages it moved. A failure only logs (the next pass, an
-        interval later, tries again): the first at INFO (a store failing this listing
-        fails the poll too, which warns), a second in a row as a WARNING."""
+        """A pass over ``topic`` if none ran within a poll interval; how many messages
+        it moved. ``first``: an idle poll's page of the first delayed keys, the pass's
+        first LIST (unless a cut pass is to go on from where it stopped). Idle or not,
+        a pass waits for the interval: one that finds something due takes the lock (a
+        PUT, and a GET while another holds it), which a tight loop of idle polls must
+        not pay on every poll. A failure only
+        logs (the next pass, an interval later, tries again): the first at INFO (a
+        store failing this listing fails the poll too, which warns), a second in a
+        row as a WARNING; any other error (never raised out of the poll, whose claims
+        on other topics it would strand) as a WARNING."""
         state = self._topics.get(topic)
         if state is None:
             state = self._topics.setdefault(topic, _TopicPromotion())
+        if state.cursor is not None:
+            first = None  # go on from where the last pass stopped
         now = self._ctx.clock.monotonic()
-        recent = now - state.at < self._ctx.config.polling.interval_seconds
-        if first is None or state.cursor is not None or (first.truncated and recent):
-            first = None  # a pass that may list delayed/ itself: once an interval
-            if recent:
-                return 0
+        if now - state.at < self._ctx.config.polling.interval_seconds:
+            return 0
         state.at = now
         try:
             result = promote_due(self._ctx, topic, start_after=state.cursor, rng=self._rng,
@@ -318,6 +325,11 @@ class Promoter:
             log.log(logging.WARNING if state.failures > 1 else logging.INFO,
                     "could not list delayed messages of %r (%d time(s) in a row): %s",
                     topic, state.failures, exc)
+            return 0
+        except Exception as exc:  # a foreign object's body, a bug: the poll goes on
+            state.failures += 1
+            log.warning("promotion of delayed messages of %r failed (%d time(s) in a row): "
+                        "%s: %s", topic, state.failures, type(exc).__name__, str(exc)[:200])
             return 0
         state.cursor, state.failures = result.cursor, 0
         if result.promoted and self._on_promoted is not None:
