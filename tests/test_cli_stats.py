@@ -20,6 +20,15 @@ from tests.servers import deep_merge
 from tests.test_cli_deadletters import nacked, one_line_error
 from tests.test_cli_regressions import Store, local, store  # noqa: F401  (the fixtures)
 
+
+def _shell_sigint() -> None:
+    """In the child before exec: SIGINT unblocked and at its default, as a user's shell
+    starts a command. A blocked or ignored SIGINT is inherited through exec, and a CI
+    run once saw all three watch tests on one pytest worker ignore the SIGINT they were
+    sent (the watch kept refreshing); the tests are about pawnq, not that worker."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 TOPIC = "orders"
 DEADLINE = 60.0
 
@@ -71,6 +80,7 @@ def test_stats_shows_each_topic_and_consumer(store: Store) -> None:  # noqa: F81
 def test_watch_prints_a_json_line_per_refresh_until_ctrl_c(store: Store) -> None:  # noqa: F811
     store.publish(TOPIC, [{"n": i} for i in range(4)])
     proc = subprocess.Popen(store.argv("stats", "--watch", "1", TOPIC, "--json"),
+                            preexec_fn=_shell_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=store.env(), cwd=store.tmp_path)
     try:
@@ -89,7 +99,8 @@ def test_watch_prints_a_json_line_per_refresh_until_ctrl_c(store: Store) -> None
 
 def test_watch_appends_a_table_per_refresh_into_a_pipe(local: Store) -> None:  # noqa: F811
     local.publish(TOPIC, [1, 2, 3])
-    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), preexec_fn=_shell_sigint,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=local.env(buffered=False),
                             cwd=local.tmp_path)
     try:
@@ -111,7 +122,8 @@ def test_watch_appends_a_table_per_refresh_into_a_pipe(local: Store) -> None:  #
 def test_watch_redraws_in_place_on_a_terminal(local: Store) -> None:  # noqa: F811
     local.publish(TOPIC, [1])
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), stdin=follower,
+    proc = subprocess.Popen(local.argv("stats", "--watch", "1"), preexec_fn=_shell_sigint,
+                            stdin=follower,
                             stdout=follower, stderr=follower, env=local.env(),
                             cwd=local.tmp_path)
     os.close(follower)
@@ -136,6 +148,7 @@ def test_watch_takes_the_word_after_it_as_the_topic(local: Store) -> None:  # no
     orders (every 5 s), and a bad interval is a usage error."""
     local.publish(TOPIC, [1, 2])
     proc = subprocess.Popen(local.argv("stats", "--watch", TOPIC, "--json"),
+                            preexec_fn=_shell_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=local.env(), cwd=local.tmp_path)
     try:
