@@ -18,6 +18,7 @@ import os
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,19 @@ def test_a_dispatcher_thread_that_died_is_started_again() -> None:
 
 
 # -- metrics -----------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _prometheus_value_class() -> Any:
+    """prometheus-client picks its value class (single- or multi-process) when first
+    imported, from PROMETHEUS_MULTIPROC_DIR: import it here, before a test sets that
+    variable, and put the class back after, so no later test in this process counts
+    into a directory that is gone (test_metrics' gauges then raised TypeError)."""
+    from prometheus_client import values
+
+    before = values.ValueClass
+    yield
+    values.ValueClass = before
 
 
 def test_a_stale_multiproc_dir_is_a_config_error_not_a_traceback(
