@@ -47,6 +47,9 @@ def test_an_event_published_while_the_dispatcher_ends_is_delivered() -> None:
     assert thread is not None
     thread.join(5)
     delivered = bus.flush(3)
+    queued, dispatcher = len(bus._queue), bus._thread
+    bus.close(timeout=5)  # no dispatcher left behind for later tests' thread checks
     assert delivered and got == ["1", "2"], (
-        f"event 2 stayed queued: flush={delivered}, got={got}, queued={len(bus._queue)}, "
-        f"dispatcher={bus._thread}")
+        f"event 2 stayed queued: flush={delivered}, got={got}, queued={queued}, "
+        f"dispatcher={dispatcher}")
+    assert bus._thread is None or not bus._thread.is_alive()
