@@ -20,6 +20,7 @@ Fixtures:
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -45,6 +46,18 @@ settings.register_profile(
     "pawnq", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("pawnq")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as an interactive ``python`` has it: caught (KeyboardInterrupt), not
+    blocked. A runner started in the background (``nohup ... &``: its shell ignores
+    SIGINT and SIGQUIT) starts pytest, and every xdist worker, with SIGINT ignored;
+    an ignored signal survives exec, and a Python started so keeps ignoring it, so the
+    ``pawnq`` children that tests Ctrl-C (dashboard, stats --watch) never stop. Any
+    handler set here is reset to the default in an exec'd child."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

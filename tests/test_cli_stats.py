@@ -23,9 +23,10 @@ from tests.test_cli_regressions import Store, local, store  # noqa: F401  (the f
 
 def _shell_sigint() -> None:
     """In the child before exec: SIGINT unblocked and at its default, as a user's shell
-    starts a command. A blocked or ignored SIGINT is inherited through exec, and a CI
-    run once saw all three watch tests on one pytest worker ignore the SIGINT they were
-    sent (the watch kept refreshing); the tests are about pawnq, not that worker."""
+    starts a command. An ignored SIGINT survives exec: a runner started in the
+    background (``nohup .ci/run &``) gives pytest, its workers and their children SIGINT
+    ignored, and the watch then refreshed on after its Ctrl-C (conftest's
+    pytest_configure restores it in the workers too)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
