@@ -31,20 +31,7 @@ def test_redrive_during_a_nack_loses_the_message(
     mid = pq.register_producer("p").publish(TOPIC, {"n": 1})
     consumer = pq.register_consumer("nacker", [TOPIC])
     (msg,) = consumer.poll()
-    dl_key = layout.dead_letter_key(TOPIC, mid)
-    moved: list[Any] = []
-
-    def redrive_now(key: str) -> None:
-        if key == dl_key and not moved:  # the nack's dead letter is written
-            moved.append(pq.redrive(TOPIC))
-
-    store.after_put = redrive_now
-    msg.nack("bad order")
-    store.after_put = lambda _key: None
-    assert moved, "the redrive did not run"
-    left = list(keys(pq, layout.messages_prefix(TOPIC))) + list(
-        keys(pq, layout.dead_letter_prefix(TOPIC)))
-    assert left, f"message {mid} lost: redrive said {moved[0]}, nothing is left"
+    _redrive_once_its_dead_letter_is_written(pq, store, mid, lambda: msg.nack("bad order"))
 
 
 def test_redrive_during_a_dead_letter_at_claim_loses_the_message(
@@ -61,16 +48,30 @@ def test_redrive_during_a_dead_letter_at_claim_loses_the_message(
     for _ in range(limit):  # each delivery ends in a retry: attempts reach the limit
         (msg,) = consumer.poll()
         consumer.retry(msg, "failing")
+
+    def claim() -> None:
+        assert consumer.poll() == []  # dead-lettered at its claim
+
+    _redrive_once_its_dead_letter_is_written(pq, store, mid, claim)
+
+
+def _redrive_once_its_dead_letter_is_written(pq: PawnQueue, store: Wrapped, mid: str,
+                                             dead_letter: Any) -> None:
+    """Run ``dead_letter()`` (a writer of ``mid``'s dead letter that deletes the message
+    after), with a redrive right after the dead letter's PUT: the message or its dead
+    letter must be left."""
     dl_key = layout.dead_letter_key(TOPIC, mid)
     moved: list[Any] = []
 
     def redrive_now(key: str) -> None:
-        if key == dl_key and not moved:
+        if key == dl_key and not moved:  # the dead letter is written
             moved.append(pq.redrive(TOPIC))
 
     store.after_put = redrive_now
-    assert consumer.poll() == []  # dead-lettered at its claim
-    store.after_put = lambda _key: None
+    try:
+        dead_letter()
+    finally:
+        store.after_put = lambda _key: None
     assert moved, "the redrive did not run"
     left = list(keys(pq, layout.messages_prefix(TOPIC))) + list(
         keys(pq, layout.dead_letter_prefix(TOPIC)))
